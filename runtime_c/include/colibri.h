@@ -1,0 +1,95 @@
+/*
+ * colibri.h - the whole public surface of the colibri MoE runtime.
+ *
+ * The caller owns every byte: the model blob (read-only, 64-byte aligned) and
+ * the arena (writable, 64-byte aligned) are passed in; the runtime allocates
+ * nothing, keeps no global state and makes no system calls. A context lives at
+ * the start of its arena, so two arenas give two independent contexts that may
+ * run in two threads over one shared blob.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(COLIBRI_BUILDING) && defined(__GNUC__)
+#define COLIBRI_API __attribute__((visibility("default")))
+#else
+#define COLIBRI_API
+#endif
+
+#define COLIBRI_ABI_VERSION 1 /* bumped on any incompatible change below */
+#define COLIBRI_BLOB_ALIGN 64
+#define COLIBRI_ARENA_ALIGN 64
+
+typedef enum colibri_status {
+    COLIBRI_OK = 0,
+    COLIBRI_E_NULL = 1,          /* a required pointer argument is NULL */
+    COLIBRI_E_BAD_MAGIC = 2,     /* blob does not start with the colibri magic */
+    COLIBRI_E_VERSION = 3,       /* blob format major version not supported */
+    COLIBRI_E_TRUNCATED = 4,     /* blob shorter than its header says, or length mismatch */
+    COLIBRI_E_CRC = 5,           /* CRC-32 of the blob does not match */
+    COLIBRI_E_BAD_HEADER = 6,    /* dims zero, inconsistent or overflowing */
+    COLIBRI_E_TENSOR_BOUNDS = 7, /* a tensor lies (partly) outside the blob */
+    COLIBRI_E_BAD_TENSOR = 8,    /* a tensor has the wrong kind, shape, dtype or alignment */
+    COLIBRI_E_LAYOUT = 9,        /* weight layout not implemented by this build */
+    COLIBRI_E_BLOB_ALIGN = 10,   /* blob pointer not 64-byte aligned */
+    COLIBRI_E_ARENA_ALIGN = 11,  /* arena pointer not 64-byte aligned */
+    COLIBRI_E_ARENA_SMALL = 12,  /* arena smaller than the model needs */
+    COLIBRI_E_BAD_PLAN = 13,     /* arena plan in the blob overlaps live buffers or overflows */
+    COLIBRI_E_MODEL_MISMATCH = 14, /* specialised build given a blob of another model */
+    COLIBRI_E_NOT_INIT = 15,     /* context not initialised by colibri_init */
+    COLIBRI_E_TOKEN = 16,        /* token id outside [0, vocab) */
+    COLIBRI_E_SEQ_FULL = 17,     /* forward would go past max_seq positions */
+    COLIBRI_E_ARG = 18           /* other bad argument (zero tokens, short logits buffer) */
+} colibri_status;
+
+typedef struct colibri_ctx colibri_ctx; /* opaque; lives inside the arena */
+
+/* Filled by colibri_info. The caller sets struct_size = sizeof(colibri_model_info);
+ * fields added later go at the end, so older callers keep working. */
+typedef struct colibri_model_info {
+    uint32_t struct_size;
+    uint32_t abi_version;
+    uint32_t vocab;
+    uint32_t hidden;
+    uint32_t n_layers;
+    uint32_t n_experts;
+    uint32_t top_k;
+    uint32_t max_seq;
+    uint32_t n_past; /* positions currently in the KV cache */
+    uint32_t reserved;
+    uint64_t arena_bytes;
+    uint64_t blob_bytes;
+} colibri_model_info;
+
+/* Arena bytes a context for this blob needs. Validates the blob fully. */
+COLIBRI_API colibri_status colibri_arena_bytes(const void *blob, size_t blob_len, size_t *out_bytes);
+
+/* Validates the blob (magic, version, length, CRC-32, every tensor in bounds
+ * and aligned, the arena plan) and builds a context at the start of the arena. */
+COLIBRI_API colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len,
+                                        const void *blob, size_t blob_len);
+
+/* Appends n_tokens to the sequence and, when logits is not NULL, writes the
+ * last position's vocab logits. On error the context is unchanged and usable. */
+COLIBRI_API colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n_tokens,
+                                           float *logits, size_t logits_len);
+
+/* Empties the sequence (KV cache) without touching the blob. */
+COLIBRI_API colibri_status colibri_reset(colibri_ctx *ctx);
+
+COLIBRI_API colibri_status colibri_info(const colibri_ctx *ctx, colibri_model_info *info);
+
+/* A static string for every status value; never NULL. */
+COLIBRI_API const char *colibri_strerror(colibri_status status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */
