@@ -1,0 +1,216 @@
+"""`colibri export`: checkpoint -> model.bin, model.h, model.c, model_blob.S, manifest.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .blob import BlobWriter
+from .checkpoint import open_checkpoint
+from .emit import c_identifier, render_sources, staged_dir
+from .errors import ExportError
+from .plan import plan_arena
+from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor, quantize, relative_error
+from .reference import Reference, rope_inv_freq
+from .spec import ModelSpec, canonical_names
+
+DEFAULT_MAX_SEQ_CAP = 256
+PREDICT_MAX_PARAMS = 80_000_000  # above this the probe would hold two model copies in RAM
+PROBE_SEQS, PROBE_LEN = 3, 12
+PREDICT_MARGIN = 2.0
+
+# Kept in float32 whatever the quantization, and why (recorded in the manifest).
+HIGHER_PRECISION = {
+    "norms": "RMSNorm weights scale every activation; a vector per layer, negligible size",
+    "router": "top-k routing is a discrete choice: a small error flips experts; n_experts rows only",
+    "rope_freq": "rotary inverse frequencies, head_dim/2 floats",
+}
+
+
+@dataclass
+class ExportOptions:
+    quant: str = "int8c"
+    group_size: int = 0  # 0: one scale per output row
+    outlier_frac: float = DEFAULT_OUTLIER_FRAC
+    max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
+    prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: a fixed one
+    generate: int = 16
+    predict: bool = True
+
+
+@dataclass
+class ExportResult:
+    name: str
+    out_dir: Path
+    manifest: dict
+
+
+def default_max_seq(spec: ModelSpec) -> int:
+    return max(1, min(spec.max_position, DEFAULT_MAX_SEQ_CAP))
+
+
+def _tensor_quant(name: str, quant: str) -> str:
+    if name.endswith("norm") or name.endswith("moe.router"):
+        return "f32"
+    return quant
+
+
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int]]:
+    if opts.quant not in QUANTS:
+        raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
+    if not 0.0 <= opts.outlier_frac <= 0.1:
+        raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
+    if opts.group_size < 0:
+        raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
+    max_seq = opts.max_seq or default_max_seq(spec)
+    if not 1 <= max_seq <= 1 << 20:
+        raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
+    prompt = opts.prompt or [t % spec.vocab for t in (3, 17, 42)]
+    if any(not 0 <= t < spec.vocab for t in prompt):
+        raise ExportError(ckpt_dir, f"prompt token outside [0, {spec.vocab})")
+    if len(prompt) + opts.generate > max_seq:
+        raise ExportError(ckpt_dir, f"prompt + {opts.generate} generated tokens exceed max_seq {max_seq}")
+    return max_seq, prompt
+
+
+def predict_logit_error(spec: ModelSpec, exact: dict, approx: dict, max_seq: int) -> dict:
+    """Run the reference with the source and the dequantized weights on fixed probe
+    sequences; the prediction is PREDICT_MARGIN times the worst relative deviation."""
+    rng = np.random.default_rng(0)
+    ref_a = Reference(spec, exact, max_seq=max_seq)
+    ref_b = Reference(spec, approx, max_seq=max_seq)
+    worst = 0.0
+    n = min(PROBE_LEN, max_seq)
+    for _ in range(PROBE_SEQS):
+        ref_a.reset()
+        ref_b.reset()
+        for tok in rng.integers(0, spec.vocab, size=n):
+            la, lb = ref_a.forward([int(tok)]), ref_b.forward([int(tok)])
+            scale = float(np.max(np.abs(la))) or 1.0
+            worst = max(worst, float(np.max(np.abs(la - lb))) / scale)
+    return {
+        "relative": worst * PREDICT_MARGIN,
+        "measured_on_probe": worst,
+        "margin": PREDICT_MARGIN,
+        "probe": f"{PROBE_SEQS} random sequences of {n} tokens, seed 0",
+        "definition": "max |logit - logit_fp32| / max |logit_fp32| over every probe position",
+    }
+
+
+def export(
+    ckpt_dir: str | Path,
+    out_dir: str | Path,
+    opts: ExportOptions | None = None,
+    report: Callable[[str], None] = lambda line: None,
+) -> ExportResult:
+    """Export a checkpoint into out_dir, all or nothing. Raises ExportError on bad input."""
+    opts = opts or ExportOptions()
+    t0 = time.perf_counter()
+    ckpt = open_checkpoint(ckpt_dir)
+    spec = ckpt.spec
+    ckpt_dir = Path(ckpt_dir)
+    max_seq, prompt = _validate_options(ckpt_dir, spec, opts)
+    name = c_identifier(ckpt_dir.absolute().name)
+    plan = plan_arena(spec, max_seq)
+    names = canonical_names(spec)
+    order = names[:1] + ["rope_freq"] + names[1:]
+    keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
+    exact: dict[str, np.ndarray] = {}
+    approx: dict[str, np.ndarray] = {}
+    rows: list[dict] = []
+    src_bytes = 0
+    with staged_dir(Path(out_dir)) as tmp:
+        with open(tmp / "model.bin", "w+b") as f:
+            writer = BlobWriter(f, len(order))
+            for tname in order:
+                if tname == "rope_freq":
+                    writer.add(tname, QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
+                    continue
+                w = ckpt.get(tname)
+                src_bytes += w.size * ckpt.source_itemsize(tname)
+                tq = _tensor_quant(tname, opts.quant)
+                qt = quantize(w, tq, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
+                w_hat = qt.dequantize().reshape(w.shape)
+                row = {
+                    "name": tname, "quant": tq, "shape": list(w.shape),
+                    "bits_per_weight": round(qt.bits_per_weight(), 4),
+                    "rel_error": relative_error(w, w_hat), "n_outliers": qt.n_outliers,
+                }
+                if tq in ("int8", "int8c"):  # the other int8 flavour, for comparison
+                    other = "int8" if tq == "int8c" else "int8c"
+                    alt = quantize(w, other, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
+                    row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
+                writer.add(tname, qt)
+                row["offset"] = writer.records[-1].offset
+                row["bytes"] = writer.records[-1].nbytes
+                row["payload_bits"] = qt.payload_bits()
+                rows.append(row)
+                report(_tensor_line(row))
+                if keep:
+                    exact[tname], approx[tname] = w, w_hat
+            blob_bytes, crc = writer.finish(spec, max_seq, plan)
+        n_weights = sum(int(np.prod(r["shape"])) for r in rows)
+        total_bits = sum(r["payload_bits"] for r in rows)
+        sq_err = sum((r["rel_error"] ** 2) * float(np.sum(exact[r["name"]].astype(np.float64) ** 2))
+                     for r in rows) if keep else None
+        sq_norm = sum(float(np.sum(exact[r["name"]].astype(np.float64) ** 2)) for r in rows) if keep else None
+        prediction = predict_logit_error(spec, exact, approx, max_seq) if keep else None
+        export_s = time.perf_counter() - t0
+        manifest = {
+            "generator": f"colibri {__version__}",
+            "model": name,
+            "source": ckpt_dir.absolute().name,
+            "spec": spec.to_json(),
+            "quant": {"scheme": opts.quant, "group_size": opts.group_size, "outlier_frac": opts.outlier_frac},
+            "higher_precision": HIGHER_PRECISION,
+            "max_seq": max_seq,
+            "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc, "format_version": "1.0"},
+            "arena": plan.to_json(),
+            "totals": {
+                "weights": n_weights,
+                "bits_per_weight": total_bits / n_weights,
+                "rel_error": (sq_err / sq_norm) ** 0.5 if keep and sq_norm else None,
+            },
+            "predicted_logit_error": prediction,
+            "default_prompt": prompt,
+            "default_generate": opts.generate,
+            "tensors": rows,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        render_sources(tmp, {
+            "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
+            "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
+            "prompt": prompt, "generate": opts.generate,
+        })
+    report(_summary(manifest, src_bytes, export_s))
+    return ExportResult(name, Path(out_dir), manifest)
+
+
+def _tensor_line(row: dict) -> str:
+    line = f"  {row['name']:<34} {row['quant']:<5} {row['bits_per_weight']:6.3f} b/w  err {row['rel_error']:.2e}"
+    for other in ("int8", "int8c"):
+        if f"rel_error_{other}" in row:
+            line += f"  ({other} {row[f'rel_error_{other}']:.2e})"
+    return line
+
+
+def _summary(m: dict, src_bytes: int, seconds: float) -> str:
+    t, a = m["totals"], m["arena"]
+    err = f"{t['rel_error']:.3e}" if t["rel_error"] is not None else "n/a"
+    pred = m["predicted_logit_error"]
+    pred_s = f"{pred['relative']:.3e}" if pred else "n/a (model too large for the probe)"
+    return "\n".join([
+        f"model {m['model']}: {t['weights']:,} weights, {m['quant']['scheme']}, "
+        f"{t['bits_per_weight']:.3f} bits/weight, rel error {err}",
+        f"blob {m['blob']['bytes']:,} bytes (crc32 {m['blob']['crc32']:08x})",
+        f"arena {a['arena_bytes']:,} bytes planned (naive {a['naive_bytes']:,}; KV cache {a['kv_cache_bytes']:,})"
+        f" for max_seq {m['max_seq']}",
+        f"predicted logit error (relative to max |logit|): {pred_s}",
+        f"export {seconds:.2f} s, {src_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s of source weights",
+    ])

@@ -1,0 +1,137 @@
+"""Weight quantization: f32, f16, int8 and int8c (int8 + sparse fp16 compensation).
+
+int8c stores W ~ S*Q + E: Q int8 with one scale per row (or per group of
+`group_size` inputs), and E a sparse fp16 correction at the entries plain int8
+serves worst. Those are the entries far above the rest of their group: taking
+them out of the scale computation makes every other step of that group finer,
+and E then carries their residual exactly enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QUANTS = ("f32", "f16", "int8", "int8c")
+DEFAULT_OUTLIER_FRAC = 0.005
+F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
+F16_MAX = float(np.finfo(np.float16).max)
+OUTLIER_BITS = 32 + 16  # u32 flat index + f16 value
+
+
+@dataclass
+class QuantTensor:
+    """One quantized matrix, shape (rows, cols); vectors are stored as 1 x n."""
+
+    dtype: str  # "f32" | "f16" | "int8" | "int8c"
+    rows: int
+    cols: int
+    data: np.ndarray  # (rows, cols): float32, float16 or int8
+    group_size: int = 0  # inputs per scale; == cols for per-row
+    scales: np.ndarray | None = None  # (rows, n_groups) float16 or float32
+    oidx: np.ndarray | None = None  # uint32 flat indices, strictly increasing
+    oval: np.ndarray | None = None  # float16 corrections
+
+    @property
+    def n_groups(self) -> int:
+        return -(-self.cols // self.group_size) if self.group_size else 0
+
+    @property
+    def n_outliers(self) -> int:
+        return 0 if self.oidx is None else int(self.oidx.size)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix the C kernels compute with."""
+        if self.dtype in ("f32", "f16"):
+            return self.data.astype(np.float32)
+        assert self.scales is not None
+        s = np.repeat(self.scales.astype(np.float32), self.group_size, axis=1)[:, : self.cols]
+        w = s * self.data.astype(np.float32)
+        if self.n_outliers:
+            flat = w.reshape(-1)
+            flat[self.oidx] += self.oval.astype(np.float32)
+        return w
+
+    def payload_bits(self) -> int:
+        """Bits of weights, scales and corrections (row padding excluded)."""
+        elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8}[self.dtype]
+        bits = elem * self.rows * self.cols
+        if self.scales is not None:
+            bits += self.scales.dtype.itemsize * 8 * self.scales.size
+        return bits + OUTLIER_BITS * self.n_outliers
+
+    def bits_per_weight(self) -> float:
+        return self.payload_bits() / (self.rows * self.cols)
+
+
+def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:
+    """||W - W_hat|| / ||W|| in float64."""
+    w64 = w.astype(np.float64)
+    norm = float(np.linalg.norm(w64))
+    return float(np.linalg.norm(w64 - w_hat.astype(np.float64)) / norm) if norm else 0.0
+
+
+def quantize(
+    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float = DEFAULT_OUTLIER_FRAC
+) -> QuantTensor:
+    """Quantize a float32 matrix (or vector, as one row). group_size 0 means per row."""
+    w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1]) if w.ndim else w
+    rows, cols = w2.shape
+    if quant == "f32":
+        return QuantTensor("f32", rows, cols, w2)
+    if quant == "f16":
+        return QuantTensor("f16", rows, cols, w2.astype(np.float16))
+    if quant not in ("int8", "int8c"):
+        raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
+    g = cols if group_size <= 0 or group_size >= cols else group_size
+    n_out = int(outlier_frac * rows * cols) if quant == "int8c" else 0
+    mask = _outlier_mask(w2, g, n_out) if n_out else None
+    scales = _group_scales(w2, g, mask)
+    s_full = np.repeat(scales.astype(np.float32), g, axis=1)[:, :cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s_full > 0, np.rint(w2 / s_full), 0.0)
+    q = np.clip(q, -127, 127).astype(np.int8)
+    qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales)
+    if mask is not None:
+        idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32)
+        residual = w2.reshape(-1)[idx] - s_full.reshape(-1)[idx] * q.reshape(-1)[idx].astype(np.float32)
+        qt.oidx = idx
+        qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
+    return qt
+
+
+def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
+    """View (rows, cols) as (rows, n_groups, g), padding the last group with `fill`."""
+    rows, cols = a.shape
+    n_groups = -(-cols // g)
+    if n_groups * g != cols:
+        a = np.concatenate([a, np.full((rows, n_groups * g - cols), fill, dtype=a.dtype)], axis=1)
+    return a.reshape(rows, n_groups, g)
+
+
+def _outlier_mask(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
+    """The n_out entries standing furthest above their group's typical magnitude."""
+    mag = np.abs(w)
+    groups = _padded_groups(mag, g, np.nan)
+    rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
+    rms = np.where(rms > 0, rms, 1.0)
+    score = (groups / rms).reshape(w.shape[0], -1)[:, : w.shape[1]].reshape(-1)
+    # introselect is deterministic for a given input, so exports stay byte-identical
+    top = np.argpartition(-score, n_out - 1)[:n_out]
+    mask = np.zeros(w.size, dtype=bool)
+    mask[top] = True
+    return mask.reshape(w.shape)
+
+
+def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:
+    mag = np.abs(w)
+    if mask is not None:
+        mag = np.where(mask, 0.0, mag)
+    amax = _padded_groups(mag, g, 0.0).max(axis=2)
+    scales = (amax / 127.0).astype(np.float32)
+    nonzero = scales[scales > 0]
+    # fp16 scales are exact enough and half the size, unless they would be subnormal
+    if nonzero.size == 0 or (nonzero.min() >= F16_MIN_NORMAL and nonzero.max() <= F16_MAX / 2):
+        return scales.astype(np.float16)
+    return scales

@@ -1,0 +1,64 @@
+"""Shared fixtures: small synthetic checkpoints and SCons builds of them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+# Three shapes that between them cover what the spine must get right.
+GOLDEN = {
+    # GQA (4 query heads share 2 kv heads), top-2, odd sizes, explicit head_dim != hidden/heads
+    "gqa_top2": dict(layers=2, hidden=44, ffn=52, heads=4, kv_heads=2, head_dim=10, experts=5, top_k=2,
+                     vocab=97, seed=11, dtype="f32"),
+    # top-1 routing, tied lm_head, bf16 source weights
+    "top1_tied_bf16": dict(layers=2, hidden=48, ffn=72, heads=6, kv_heads=3, experts=4, top_k=1,
+                           vocab=131, seed=12, dtype="bf16", tie=True),
+    # the README's default shape, f16 source, three layers
+    "mixtral_f16": dict(layers=3, hidden=64, ffn=128, heads=8, kv_heads=2, experts=4, top_k=2,
+                        vocab=320, seed=13, dtype="f16"),
+}
+
+
+def synth(path: Path, **kw) -> Path:
+    from colibri.codegen.synth import synth_checkpoint
+
+    return synth_checkpoint(path, **kw)
+
+
+def scons(*args: str, build: Path, check: bool = True) -> subprocess.CompletedProcess:
+    argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={build}", *args]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed:\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def golden_ckpts(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("ckpt")
+    return {name: synth(base / name, **kw) for name, kw in GOLDEN.items()}
+
+
+@pytest.fixture(scope="session")
+def build_model(tmp_path_factory):
+    """build_model(ckpt, quant, target="host", *extra) -> build/<target>/<model>/ of a fresh build root."""
+    from colibri.codegen.emit import c_identifier
+
+    done: dict[tuple, Path] = {}
+
+    def get(ckpt: Path, quant: str = "int8c", target: str = "host", *extra: str) -> Path:
+        key = (str(ckpt), quant, target, extra)
+        if key not in done:
+            build = tmp_path_factory.mktemp(f"build-{quant}-{target}")
+            scons(f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra, build=build)
+            suffix = "".join(f"-{s}" for a in extra if a.startswith("SANITIZE=") for s in a[9:].split(","))
+            done[key] = build / f"{target}{suffix}" / c_identifier(Path(ckpt).name)
+        return done[key]
+
+    return get

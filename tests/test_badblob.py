@@ -1,0 +1,192 @@
+"""Malformed blobs and misuse: a specific error code, never a crash (ASan + UBSan build)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+from blobread import entry_offset, header
+from colibri.runtime import ColibriError, load
+from conftest import GOLDEN
+
+E = {"NULL": 1, "BAD_MAGIC": 2, "VERSION": 3, "TRUNCATED": 4, "CRC": 5, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7,
+     "BAD_TENSOR": 8, "LAYOUT": 9, "BLOB_ALIGN": 10, "ARENA_ALIGN": 11, "ARENA_SMALL": 12, "BAD_PLAN": 13,
+     "NOT_INIT": 15, "TOKEN": 16, "SEQ_FULL": 17, "ARG": 18}
+
+
+def _recrc(b: bytearray) -> bytearray:
+    struct.pack_into("<I", b, 8, zlib.crc32(bytes(b[12:])))
+    return b
+
+
+def _put(b: bytearray, off: int, fmt: str, value) -> bytearray:
+    struct.pack_into("<" + fmt, b, off, value)
+    return _recrc(b)
+
+
+def bad_magic(b):
+    b[0] ^= 0xFF
+    return b
+
+
+def bad_version(b):
+    return _put(b, 4, "H", 2)
+
+
+def truncated(b):
+    return b[: len(b) // 2]
+
+
+def length_mismatch(b):
+    return _put(b, 16, "Q", len(b) + 64)
+
+
+def crc_mismatch(b):
+    b[-100] ^= 0x01
+    return b
+
+
+def zero_dim(b):
+    return _put(b, 64, "I", 0)  # n_experts
+
+
+def top_k_above_experts(b):
+    return _put(b, 68, "I", header(bytes(b))["n_experts"] + 1)
+
+
+def unknown_layout(b):
+    return _put(b, 32, "I", 7)
+
+
+def tensor_past_end(b):
+    return _put(b, entry_offset(5) + 32, "Q", len(b))  # data_off of tensor 5
+
+
+def tensor_huge_offset(b):
+    return _put(b, entry_offset(3) + 32, "Q", (1 << 64) - 64)
+
+
+def tensor_misaligned(b):
+    off = struct.unpack_from("<Q", b, entry_offset(4) + 32)[0]
+    return _put(b, entry_offset(4) + 32, "Q", off + 1)
+
+
+def tensor_wrong_kind(b):
+    return _put(b, entry_offset(4), "H", 9)
+
+
+def tensor_wrong_shape(b):
+    rows = struct.unpack_from("<I", b, entry_offset(4) + 8)[0]
+    return _put(b, entry_offset(4) + 8, "I", rows + 1)
+
+
+def outliers_unsorted(b):
+    for i in range(header(bytes(b))["n_tensors"]):
+        n, _, _, _, idx_off, _ = struct.unpack_from("<IIQQQQ", b, entry_offset(i) + 24)
+        if n >= 2:
+            a, c = struct.unpack_from("<II", b, idx_off)
+            struct.pack_into("<II", b, idx_off, c, a)
+            return _recrc(b)
+    raise AssertionError("no tensor with outliers")
+
+
+def plan_overlap(b):
+    offs = struct.unpack_from("<11Q", b, 96)
+    return _put(b, 96 + 8 * 4, "Q", offs[2])  # q on top of x, both live in attention
+
+
+def plan_outside_arena(b):
+    return _put(b, 96 + 8 * 6, "Q", header(bytes(b))["arena_bytes"])
+
+
+CASES = {f.__name__: (f, code) for f, code in [
+    (bad_magic, "BAD_MAGIC"), (bad_version, "VERSION"), (truncated, "TRUNCATED"),
+    (length_mismatch, "TRUNCATED"), (crc_mismatch, "CRC"), (zero_dim, "BAD_HEADER"),
+    (top_k_above_experts, "BAD_HEADER"), (unknown_layout, "LAYOUT"), (tensor_past_end, "TENSOR_BOUNDS"),
+    (tensor_huge_offset, "TENSOR_BOUNDS"), (tensor_misaligned, "TENSOR_BOUNDS"),
+    (tensor_wrong_kind, "BAD_TENSOR"), (tensor_wrong_shape, "BAD_TENSOR"),
+    (outliers_unsorted, "BAD_TENSOR"), (plan_overlap, "BAD_PLAN"), (plan_outside_arena, "BAD_PLAN"),
+]}
+
+
+@pytest.fixture(scope="module")
+def asan_build(golden_ckpts, build_model):
+    return build_model(golden_ckpts[next(iter(sorted(GOLDEN)))], "int8c", "host", "SANITIZE=address,undefined")
+
+
+def test_sanitized_build_runs_clean(asan_build):
+    res = subprocess.run([asan_build / "colibri_run", asan_build / "model.bin", "--generate", "4"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("tokens: ")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_blob_returns_its_code(case, asan_build, tmp_path):
+    mutate, code = CASES[case]
+    blob = tmp_path / "bad.bin"
+    blob.write_bytes(bytes(mutate(bytearray((asan_build / "model.bin").read_bytes()))))
+    res = subprocess.run([asan_build / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
+    assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
+    assert f"(status {E[code]})" in res.stderr, res.stderr
+    assert "Sanitizer" not in res.stderr and "runtime error" not in res.stderr
+
+
+def _lib_and_blob(out):
+    m = load(out / "model.bin")
+    lib = m._lib
+    blob = np.fromfile(out / "model.bin", dtype=np.uint8)
+    aligned = np.zeros(blob.size + 64, np.uint8)
+    start = (-aligned.ctypes.data) % 64
+    aligned[start:start + blob.size] = blob
+    return m, lib, aligned, aligned.ctypes.data + start, blob.size
+
+
+def test_arena_misaligned_too_small_and_blob_misaligned(golden_ckpts, build_model):
+    m, lib, keep, blob_ptr, n = _lib_and_blob(build_model(golden_ckpts["gqa_top2"], "int8c"))
+    need = m.arena_bytes
+    arena = np.zeros(need + 128, np.uint8)
+    base = arena.ctypes.data + (-arena.ctypes.data) % 64
+    ctx = ctypes.c_void_p()
+    assert lib.colibri_init(ctypes.byref(ctx), base + 8, need, blob_ptr, n) == E["ARENA_ALIGN"]
+    assert lib.colibri_init(ctypes.byref(ctx), base, need - 1, blob_ptr, n) == E["ARENA_SMALL"]
+    assert lib.colibri_init(ctypes.byref(ctx), base, 0, blob_ptr, n) == E["ARENA_SMALL"]
+    assert lib.colibri_init(ctypes.byref(ctx), base, need, blob_ptr + 4, n - 4) == E["BLOB_ALIGN"]
+    assert lib.colibri_init(None, base, need, blob_ptr, n) == E["NULL"]
+    assert lib.colibri_init(ctypes.byref(ctx), base, need, blob_ptr, n) == 0
+    size = ctypes.c_size_t()
+    assert lib.colibri_arena_bytes(blob_ptr, n, ctypes.byref(size)) == 0 and size.value == need
+    assert lib.colibri_strerror(9999)  # any value has a string
+
+
+def test_forward_before_init_and_misuse_leave_context_usable(golden_ckpts, build_model):
+    m, lib, keep, blob_ptr, n = _lib_and_blob(build_model(golden_ckpts["gqa_top2"], "int8c"))
+    arena = np.zeros(m.arena_bytes + 64, np.uint8)
+    base = arena.ctypes.data + (-arena.ctypes.data) % 64
+    tok = (ctypes.c_int32 * 1)(1)
+    logits = (ctypes.c_float * m.vocab)()
+    assert lib.colibri_forward(base, tok, 1, logits, m.vocab) == E["NOT_INIT"]
+    assert lib.colibri_reset(base) == E["NOT_INIT"]
+    assert lib.colibri_forward(None, tok, 1, logits, m.vocab) == E["NULL"]
+
+    first = m.forward([1, 2])
+    m.reset()
+    for bad, code in (([m.vocab], "TOKEN"), ([-1], "TOKEN"), ([1, m.vocab + 5], "TOKEN")):
+        with pytest.raises(ColibriError) as err:
+            m.forward(bad)
+        assert err.value.status == E[code]
+    assert m.n_past == 0
+    assert lib.colibri_forward(m._ctx, tok, 0, logits, m.vocab) in (E["ARG"], E["NULL"])
+    assert lib.colibri_forward(m._ctx, tok, 1, logits, m.vocab - 1) == E["ARG"]
+    assert np.array_equal(m.forward([1, 2]), first)  # still usable, same answer
+    m.reset()
+    m.forward([1] * m.max_seq)
+    with pytest.raises(ColibriError) as err:
+        m.forward([1])
+    assert err.value.status == E["SEQ_FULL"] and m.n_past == m.max_seq
+    m.reset()
+    assert np.array_equal(m.forward([1, 2]), first)

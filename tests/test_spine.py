@@ -1,0 +1,130 @@
+"""Host end to end: checkpoint -> export -> SCons -> C library, against the numpy reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from blobread import weights as blob_weights
+from colibri.codegen.checkpoint import open_checkpoint
+from colibri.codegen.reference import Reference
+from colibri.codegen.spec import canonical_names
+from colibri.runtime import load
+from conftest import GOLDEN
+
+PROMPT = [3, 17, 42, 5, 9]
+N_GREEDY = 32
+
+
+def _prompt(vocab: int) -> list[int]:
+    return [t % vocab for t in PROMPT]
+
+
+def _source_weights(ckpt):
+    c = open_checkpoint(ckpt)
+    return {n: c.get(n) for n in canonical_names(c.spec)}, c.spec
+
+
+def _models(out):
+    name = out.name
+    return {"embedded": load(out / f"libcolibri_{name}.so"), "generic": load(out / "model.bin")}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_f32_logits_match_reference(case, golden_ckpts, build_model):
+    ckpt = golden_ckpts[case]
+    out = build_model(ckpt, "f32")
+    w, spec = _source_weights(ckpt)
+    ref = Reference(spec, w, max_seq=256)
+    prompt = _prompt(spec.vocab)
+    expected = [ref.forward(prompt)] + [ref.forward([t]) for t in prompt[:4]]
+    for how, m in _models(out).items():
+        got = [m.forward(prompt)] + [m.forward([t]) for t in prompt[:4]]
+        for step, (g, e) in enumerate(zip(got, expected, strict=True)):
+            bound = 1e-4 * float(np.max(np.abs(e)))
+            err = float(np.max(np.abs(g - e)))
+            assert err <= bound, f"{case} {how} step {step}: max abs error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_int8c_greedy_and_error_bound(case, golden_ckpts, build_model):
+    ckpt = golden_ckpts[case]
+    out = build_model(ckpt, "int8c")
+    manifest = json.loads((out / "manifest.json").read_text())
+    src, spec = _source_weights(ckpt)
+    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    prompt = _prompt(spec.vocab)
+    ref_q = Reference(spec, deq, max_seq=256)
+    want_tokens = ref_q.generate(prompt, N_GREEDY)
+    ref_fp = Reference(spec, src, max_seq=256)
+    fp_logits = ref_fp.forward(prompt)
+    predicted = manifest["predicted_logit_error"]["relative"]
+    for how, m in _models(out).items():
+        assert m.generate(prompt, N_GREEDY) == want_tokens, f"{case} {how}: greedy tokens differ"
+        m.reset()
+        got = m.forward(prompt)
+        rel = float(np.max(np.abs(got - fp_logits))) / float(np.max(np.abs(fp_logits)))
+        assert rel <= predicted, f"{case} {how}: logit error {rel:.3g} above the predicted {predicted:.3g}"
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8c"])
+def test_prefill_equals_single_steps(quant, golden_ckpts, build_model):
+    out = build_model(golden_ckpts["gqa_top2"], quant)
+    for how, m in _models(out).items():
+        prompt = _prompt(m.vocab)
+        batch = m.forward(prompt)
+        m.reset()
+        for t in prompt:
+            step = m.forward([t])
+        assert np.array_equal(batch, step), f"{how}: prefill differs from {len(prompt)} single steps"
+
+
+@pytest.mark.parametrize("quant", ["f16", "int8"])
+def test_other_quants_run_and_track_reference(quant, golden_ckpts, build_model):
+    ckpt = golden_ckpts["mixtral_f16"]
+    out = build_model(ckpt, quant)
+    spec = open_checkpoint(ckpt).spec
+    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    ref = Reference(spec, deq, max_seq=256)
+    want = ref.forward(_prompt(spec.vocab))
+    got = load(out / "model.bin").forward(_prompt(spec.vocab))
+    assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want)))
+
+
+def test_demo_prints_tokens_and_rate(golden_ckpts, build_model):
+    ckpt = golden_ckpts["mixtral_f16"]
+    out = build_model(ckpt, "int8c")
+    res = subprocess.run([out / "colibri_demo", "--tokens", "3,17,42", "--generate", "16"],
+                         capture_output=True, text=True, check=True)
+    lines = res.stdout.splitlines()
+    tokens = [int(t) for t in lines[0].removeprefix("tokens: ").split(",")]
+    assert lines[0].startswith("tokens: ") and len(tokens) == 16
+    assert lines[1].startswith("tok/s: ") and float(lines[1].split()[1]) > 0
+    assert tokens == load(out / f"libcolibri_{out.name}.so").generate([3, 17, 42], 16)
+    default = subprocess.run([out / "colibri_demo"], capture_output=True, text=True, check=True)
+    assert default.stdout.startswith("tokens: ")
+
+
+def test_symbols_exported_and_undefined(golden_ckpts, build_model):
+    out = build_model(golden_ckpts["gqa_top2"], "int8c")
+    for so in (out / f"libcolibri_{out.name}.so", out / "libcolibri.so"):
+        nm = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True, check=True)
+        names = [line.split()[-1] for line in nm.stdout.splitlines() if line.strip()]
+        assert names and all(n.startswith("colibri_") for n in names), f"{so.name} exports {names}"
+        kinds = {line.split()[-2] for line in nm.stdout.splitlines() if line.strip()}
+        assert kinds == {"T"}, f"{so.name}: exported non-functions: {kinds}"
+    nm = subprocess.run(["nm", "-u", out / f"libcolibri_{out.name}.a"], capture_output=True, text=True, check=True)
+    undefined = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip() and ":" not in line}
+    assert not undefined & {"malloc", "calloc", "realloc", "free"}, undefined
+
+
+def test_arena_size_agrees_with_header(golden_ckpts, build_model):
+    out = build_model(golden_ckpts["gqa_top2"], "int8c")
+    model_h = (out.parent.parent / "gen" / out.name / "int8c" / "model.h").read_text()
+    define = next(line for line in model_h.splitlines() if line.startswith("#define COLIBRI_ARENA_SIZE "))
+    arena = int(define.split()[2].rstrip("u"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert load(out / "model.bin").arena_bytes == arena == manifest["arena"]["arena_bytes"]
+    assert arena < manifest["arena"]["naive_bytes"]

@@ -1,0 +1,156 @@
+"""colibri.runtime: ctypes binding over a built model library or a model.bin.
+
+    from colibri.runtime import load
+    m = load("build/host/<model>/libcolibri_<model>.so")   # weights linked in
+    m = load("build/host/<model>/model.bin")                # generic libcolibri.so beside it
+    logits = m.forward([3, 17, 42]); m.generate([3, 17, 42], 16); m.reset()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ALIGN = 64
+
+
+class ColibriError(RuntimeError):
+    """A colibri_* call returned an error status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{message} (status {status})")
+        self.status = status
+
+
+class _ModelInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("abi_version", ctypes.c_uint32),
+        ("vocab", ctypes.c_uint32),
+        ("hidden", ctypes.c_uint32),
+        ("n_layers", ctypes.c_uint32),
+        ("n_experts", ctypes.c_uint32),
+        ("top_k", ctypes.c_uint32),
+        ("max_seq", ctypes.c_uint32),
+        ("n_past", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("arena_bytes", ctypes.c_uint64),
+        ("blob_bytes", ctypes.c_uint64),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.colibri_arena_bytes.argtypes = [p, sz, ctypes.POINTER(sz)]
+    lib.colibri_init.argtypes = [ctypes.POINTER(p), p, sz, p, sz]
+    lib.colibri_forward.argtypes = [p, ctypes.POINTER(ctypes.c_int32), sz, ctypes.POINTER(ctypes.c_float), sz]
+    lib.colibri_reset.argtypes = [p]
+    lib.colibri_info.argtypes = [p, ctypes.POINTER(_ModelInfo)]
+    lib.colibri_strerror.argtypes = [ctypes.c_int]
+    lib.colibri_strerror.restype = ctypes.c_char_p
+    for fn in ("colibri_arena_bytes", "colibri_init", "colibri_forward", "colibri_reset", "colibri_info"):
+        getattr(lib, fn).restype = ctypes.c_int
+
+
+def _aligned_zeros(nbytes: int) -> tuple[np.ndarray, int]:
+    buf = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    start = (-buf.ctypes.data) % ALIGN
+    return buf, buf.ctypes.data + start
+
+
+class Model:
+    """One context over one blob; the arena is owned by this object."""
+
+    def __init__(self, lib: ctypes.CDLL, blob_ptr: int, blob_len: int, keepalive: tuple = ()):
+        self._lib = lib
+        self._keep = keepalive
+        need = ctypes.c_size_t()
+        self._check(lib.colibri_arena_bytes(blob_ptr, blob_len, ctypes.byref(need)))
+        self._arena, arena_ptr = _aligned_zeros(need.value)
+        ctx = ctypes.c_void_p()
+        self._check(lib.colibri_init(ctypes.byref(ctx), arena_ptr, need.value, blob_ptr, blob_len))
+        self._ctx = ctx
+        info = self.info()
+        self.vocab = info.vocab
+        self.max_seq = info.max_seq
+        self.arena_bytes = info.arena_bytes
+        self._logits = np.zeros(self.vocab, dtype=np.float32)
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            raise ColibriError(status, self._lib.colibri_strerror(status).decode())
+
+    def info(self) -> _ModelInfo:
+        info = _ModelInfo(struct_size=ctypes.sizeof(_ModelInfo))
+        self._check(self._lib.colibri_info(self._ctx, ctypes.byref(info)))
+        return info
+
+    @property
+    def n_past(self) -> int:
+        return int(self.info().n_past)
+
+    def forward(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to the sequence; return the last position's logits (a copy)."""
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        self._check(self._lib.colibri_forward(
+            self._ctx, toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), toks.size,
+            self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), self.vocab,
+        ))
+        return self._logits.copy()
+
+    def reset(self) -> None:
+        self._check(self._lib.colibri_reset(self._ctx))
+
+    def generate(self, tokens: Sequence[int], n: int) -> list[int]:
+        """Greedy: prefill tokens, then n new ids (returned without the prompt)."""
+        out: list[int] = []
+        logits = self.forward(tokens)
+        for i in range(n):
+            nxt = int(np.argmax(logits))
+            out.append(nxt)
+            if i + 1 < n:
+                logits = self.forward([nxt])
+        return out
+
+
+def _open_lib(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path.absolute()), mode=ctypes.RTLD_LOCAL)
+    _declare(lib)
+    return lib
+
+
+def load(path: str | os.PathLike, runtime: str | os.PathLike | None = None) -> Model:
+    """Load a model library (`libcolibri_<model>.so`, weights linked in) or a
+    `model.bin` blob run by the generic `libcolibri.so` (found beside the blob,
+    or given as `runtime`, or in $COLIBRI_RUNTIME)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.suffix == ".so" or ".so." in path.name:
+        lib = _open_lib(path)
+        if not hasattr(lib, "colibri_model_blob"):
+            raise ValueError(f"{path}: not a colibri model library (no colibri_model_blob); "
+                             "for the generic libcolibri.so pass the model.bin instead")
+        lib.colibri_model_blob.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        lib.colibri_model_blob.restype = ctypes.c_void_p
+        n = ctypes.c_size_t()
+        ptr = lib.colibri_model_blob(ctypes.byref(n))
+        return Model(lib, ptr, n.value, keepalive=(lib,))
+    candidates = [runtime, path.parent / "libcolibri.so", os.environ.get("COLIBRI_RUNTIME")]
+    rt = next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+    if rt is None:
+        raise FileNotFoundError(f"{path}: no generic runtime libcolibri.so beside it; pass runtime= "
+                                "or set COLIBRI_RUNTIME")
+    lib = _open_lib(rt)
+    with open(path, "rb") as f:  # mapped read-only: the runtime never writes the blob
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint8)
+    return Model(lib, view.ctypes.data, view.size, keepalive=(lib, mm, view))
+
+
+__all__ = ["ColibriError", "Model", "load"]

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# colibri developer entry point. Idempotent: installs only what is missing.
+#   bash toolchain/dev.sh demo   set up, export + build the default model for the host, run it
+#   bash toolchain/dev.sh test   set up, run the whole test suite
+#   bash toolchain/dev.sh setup  set up only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  gcc libc6-dev binutils file pkg-config
+  gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf gcc-riscv64-linux-gnu
+  clang clang-19 lld qemu-user
+  gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
+  qemu-system-arm qemu-system-misc valgrind
+)
+
+setup_apt() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "colibri: missing Debian packages; run as root: $cmd" >&2
+    exit 1
+  fi
+  echo "+ $cmd"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}
+
+setup_python() {
+  local stamp=.venv/.colibri-installed want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  echo "$want" > "$stamp"
+}
+
+setup() { setup_apt; setup_python; }
+
+demo() {
+  setup
+  .venv/bin/scons -Q -j"$(nproc)"
+  local model=tiny_mixtral dir=build/host/tiny_mixtral
+  echo "== colibri_demo ($model, int8c, host)"
+  "$dir/colibri_demo"
+  echo "== the same prompt through the Python binding"
+  .venv/bin/python -c "from colibri.runtime import load; m = load('$dir/libcolibri_$model.so'); print('tokens:', ','.join(map(str, m.generate([3, 17, 42], 16))))"
+}
+
+tests() {
+  setup
+  .venv/bin/ruff check .
+  .venv/bin/python -m pytest -q tests "$@"
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  demo) demo ;;
+  test) shift; tests "$@" ;;
+  *) echo "usage: bash toolchain/dev.sh setup|demo|test [pytest args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,178 @@
+"""The build graph behind SConstruct: export once, compile for many targets.
+
+Generated sources go to build/gen/<model>/<quant>/, everything a target
+builds to build/<target>/<model>/ (build/<target>-<sanitizers>/<model>/ with
+SANITIZE). SConstruct only calls build_all(); the rules live here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from SCons.Script import (  # type: ignore[import-not-found]
+    COMMAND_LINE_TARGETS,
+    CacheDir,
+    Copy,
+    Default,
+    Environment,
+    Exit,
+    Value,
+)
+
+from .targets import ROOT, Target, TargetError, all_targets, load_target
+
+RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
+DEMO_COMMON = "runtime_c/demo/demo_common.c"
+DEFAULT_MODEL = "build/models/tiny_mixtral"
+DEFAULT_SYNTH = {
+    "arch": "mixtral", "layers": 2, "hidden": 64, "ffn": 128, "heads": 8, "kv_heads": 2, "experts": 4,
+    "top_k": 2, "vocab": 320, "seed": 1, "dtype": "f32",
+}
+WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
+# Identical arithmetic on every target: no fused multiply-add contraction, no errno from sqrt.
+FLOAT = ["-ffp-contract=off", "-fno-math-errno"]
+COMMON_CFLAGS = WARN + FLOAT + ["-O2", "-g", "-fvisibility=hidden", "-ffunction-sections", "-fdata-sections"]
+
+
+def _fail(message: str) -> None:
+    print(f"colibri: {message}", file=sys.stderr)
+    Exit(2)
+
+
+def _targets(arg: str) -> list[Target]:
+    try:
+        if arg == "all":
+            return [t for t in all_targets() if t.name != "host" and t.kind == "linux"] + [
+                t for t in all_targets() if t.kind == "firmware"
+            ]
+        return [load_target(n.strip()) for n in arg.split(",") if n.strip()]
+    except TargetError as e:
+        _fail(str(e))
+        raise
+
+
+def _export_action(target, source, env):  # noqa: ARG001 - SCons action signature
+    from colibri.codegen.errors import ExportError
+    from colibri.codegen.export import ExportOptions, export
+
+    opts = json.loads(env["COLIBRI_EXPORT_OPTS"])
+    try:
+        export(env["COLIBRI_CKPT"], env["COLIBRI_GEN"], ExportOptions(**opts), report=print)
+    except ExportError as e:
+        print(f"colibri: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _synth_action(target, source, env):  # noqa: ARG001
+    from colibri.codegen.synth import synth_checkpoint
+
+    synth_checkpoint(env["COLIBRI_CKPT"], **json.loads(env["COLIBRI_SYNTH_OPTS"]))
+    return 0
+
+
+def _export(env, ckpt: Path, gen: Path, opts: dict):
+    """The codegen Builder: the checkpoint files and the options are its sources."""
+    if ckpt == ROOT / DEFAULT_MODEL:
+        files = [str(ckpt / "config.json"), str(ckpt / "model.safetensors")]
+        env.Command(files, Value(json.dumps(DEFAULT_SYNTH, sort_keys=True)), _synth_action,
+                    COLIBRI_CKPT=str(ckpt), COLIBRI_SYNTH_OPTS=json.dumps(DEFAULT_SYNTH))
+    else:
+        files = sorted(str(p) for p in ckpt.iterdir() if p.suffix in (".json", ".safetensors"))
+    outs = [str(gen / n) for n in ("model.h", "model.c", "model_blob.S", "model.bin", "manifest.json")]
+    env.Command(outs, files + [Value(json.dumps(opts, sort_keys=True))], _export_action,
+                COLIBRI_CKPT=str(ckpt), COLIBRI_GEN=str(gen), COLIBRI_EXPORT_OPTS=json.dumps(opts))
+    return {Path(o).name: o for o in outs}
+
+
+def _target_env(base, t: Target, sanitize: list[str]):
+    missing = t.missing()
+    if missing:
+        _fail(f"target {t.name}: {', '.join(missing)} not found; install it with: {t.install_hint()}")
+    env = base.Clone(
+        CC=t.cc, AR=t.tool("ar"), RANLIB=t.tool("ranlib"),
+        CCFLAGS=COMMON_CFLAGS + list(t.cflags), LINKFLAGS=list(t.linkflags),
+        CPPPATH=[str(ROOT / "runtime_c/include")],
+    )
+    if t.sysroot:
+        env.Append(CCFLAGS=[f"--sysroot={t.sysroot}"], LINKFLAGS=[f"--sysroot={t.sysroot}"])
+    if sanitize:
+        flag = f"-fsanitize={','.join(sanitize)}"
+        env.Append(CCFLAGS=[flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"], LINKFLAGS=[flag])
+    return env
+
+
+def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: bool) -> list:
+    obj = out / "obj"
+    inc = str(Path(gen["model.h"]).parent)
+    spec_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"], CPPPATH=env["CPPPATH"] + [inc])
+    gen_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING"])
+    spec_objs = [spec_env.SharedObject(str(obj / "spec" / Path(s).stem), str(ROOT / "runtime_c/src" / s))
+                 for s in RUNTIME_SRC]
+    generic_objs = [gen_env.SharedObject(str(obj / "generic" / Path(s).stem), str(ROOT / "runtime_c/src" / s))
+                    for s in RUNTIME_SRC]
+    model_objs = [spec_env.SharedObject(str(obj / "model"), gen["model.c"]),
+                  spec_env.SharedObject(str(obj / "model_blob"), gen["model_blob.S"],
+                                        ASPPFLAGS=[f"-Wa,-I{inc}"])]
+    env.Depends(model_objs[1], gen["model.bin"])
+    soflags = ["-shared", f"-Wl,--version-script={ROOT / 'runtime_c/colibri.map'}",
+               "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
+    lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
+    lib_so = spec_env.SharedLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs,
+                                    SHLINKFLAGS=soflags + [f"-Wl,-soname,libcolibri_{name}.so"])
+    generic_so = gen_env.SharedLibrary(str(out / "libcolibri"), generic_objs,
+                                       SHLINKFLAGS=soflags + ["-Wl,-soname,libcolibri.so"])
+    exe_flags = ["-static"] if static_exe else []
+    demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [inc], LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
+    common = demo_env.Object(str(obj / "demo_common"), str(ROOT / DEMO_COMMON))
+    demo = demo_env.Program(str(out / "colibri_demo"),
+                            [demo_env.Object(str(obj / "colibri_demo"), str(ROOT / "runtime_c/demo/colibri_demo.c")),
+                             common, lib_a], LIBS=["m"])
+    run = demo_env.Program(str(out / "colibri_run"),
+                           [demo_env.Object(str(obj / "colibri_run"), str(ROOT / "runtime_c/demo/colibri_run.c")),
+                            common] + generic_objs, LIBS=["m"])
+    blob = env.Command(str(out / "model.bin"), gen["model.bin"], Copy("$TARGET", "$SOURCE"))
+    manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], Copy("$TARGET", "$SOURCE"))
+    return [lib_a, lib_so, generic_so, demo, run, blob, manifest]
+
+
+def build_all(arguments: dict) -> None:
+    target_arg = arguments.get("TARGET", "host")
+    model_arg = arguments.get("MODEL", "")
+    quant = arguments.get("QUANT", "int8c")
+    sanitize = [s for s in arguments.get("SANITIZE", "").split(",") if s]
+    ckpt = Path(model_arg).absolute() if model_arg else ROOT / DEFAULT_MODEL
+    if model_arg and not (ckpt / "config.json").is_file():
+        _fail(f"{model_arg}: not a checkpoint directory (no config.json)")
+    from colibri.codegen.emit import c_identifier
+
+    name = c_identifier(ckpt.name)
+    try:
+        opts = {
+            "quant": quant,
+            "max_seq": int(arguments.get("MAX_SEQ", 0)),
+            "group_size": int(arguments.get("GROUP_SIZE", 0)),
+            "outlier_frac": float(arguments.get("OUTLIER_FRAC", 0.005)),
+        }
+    except ValueError as e:
+        _fail(f"bad build option: {e}")
+    if arguments.get("CACHE"):
+        CacheDir(arguments["CACHE"])
+    build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
+    base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default", "compilation_db"])
+    gen = _export(base, ckpt, build / "gen" / name / quant, opts)
+    outputs = []
+    for t in _targets(target_arg):
+        suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
+        out = build / f"{t.name}{suffix}" / name
+        env = _target_env(base, t, sanitize)
+        if t.kind != "linux":
+            _fail(f"target {t.name}: kind {t.kind!r} is not built by this version")
+        outputs += _linux_outputs(env, t, name, gen, out, static_exe=not sanitize)
+        outputs.append(env.CompilationDatabase(str(out / "compile_commands.json"),
+                                              COMPILATIONDB_PATH_FILTER=f"{out}/*"))
+    if not COMMAND_LINE_TARGETS:
+        Default(outputs)

@@ -1,0 +1,81 @@
+"""Targets are data: one TOML file per board under targets/."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS_DIR = ROOT / "targets"
+
+
+class TargetError(Exception):
+    """A target that does not exist, does not parse, or cannot be built here."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    kind: str  # "linux" | "firmware"
+    arch: str
+    cc: str  # compiler command, possibly with arguments ("clang-19 --target=...")
+    cflags: tuple[str, ...] = ()
+    linkflags: tuple[str, ...] = ()
+    runner: tuple[str, ...] = ()  # prefix that runs a built program; empty: native
+    sysroot: str = ""
+    packages: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def cc_argv(self) -> list[str]:
+        return self.cc.split()
+
+    def tool(self, name: str) -> str:
+        """A binutils tool of this target's toolchain (ar, objcopy, ...)."""
+        exe = self.cc_argv[0]
+        if exe.endswith("gcc"):
+            return exe[: -len("gcc")] + name
+        return shutil.which(f"llvm-{name}") and f"llvm-{name}" or name
+
+    def missing(self) -> list[str]:
+        """Programs this target needs that are not installed here."""
+        progs = [self.cc_argv[0]] + ([self.runner[0]] if self.runner else [])
+        return [p for p in progs if shutil.which(p) is None]
+
+    def install_hint(self) -> str:
+        return f"apt-get install {' '.join(self.packages)}" if self.packages else "(no package listed)"
+
+
+def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> Target:
+    path = targets_dir / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in targets_dir.glob("*.toml")))
+        raise TargetError(f"{path}: no such target {name!r} (known: {known})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TargetError(f"{path}: {e}") from None
+    known_keys = {"description", "kind", "arch", "cc", "cflags", "linkflags", "runner", "sysroot", "packages"}
+    for key in ("description", "kind", "arch", "cc"):
+        if key not in data:
+            raise TargetError(f"{path}: missing key {key!r}")
+    return Target(
+        name=name,
+        description=data["description"],
+        kind=data["kind"],
+        arch=data["arch"],
+        cc=data["cc"],
+        cflags=tuple(data.get("cflags", ())),
+        linkflags=tuple(data.get("linkflags", ())),
+        runner=tuple(data.get("runner", ())),
+        sysroot=data.get("sysroot", ""),
+        packages=tuple(data.get("packages", ())),
+        extra={k: v for k, v in data.items() if k not in known_keys},
+    )
+
+
+def all_targets(targets_dir: Path = TARGETS_DIR) -> list[Target]:
+    return [load_target(p.stem, targets_dir) for p in sorted(targets_dir.glob("*.toml"))]
