@@ -24,6 +24,7 @@ DEFAULT_MAX_SEQ_CAP = 256
 PREDICT_MAX_PARAMS = 80_000_000  # above this the probe would hold two model copies in RAM
 PROBE_SEQS, PROBE_LEN = 3, 12
 PREDICT_MARGIN = 2.0
+SOURCE_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 
 # Kept in float32 whatever the quantization, and why (recorded in the manifest).
 HIGHER_PRECISION = {
@@ -133,7 +134,7 @@ def export(
                     writer.add(tname, QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
                     continue
                 w = ckpt.get(tname)
-                src_bytes += w.size * ckpt.source_itemsize(tname)
+                src_bytes += w.size * SOURCE_ITEMSIZE.get(ckpt.source_dtypes.get(tname, "F32"), 4)
                 tq = _tensor_quant(tname, opts.quant)
                 qt = quantize(w, tq, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
                 w_hat = qt.dequantize().reshape(w.shape)

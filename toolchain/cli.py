@@ -73,7 +73,7 @@ def runner_argv(target_name: str, program: str) -> list[str]:
 def cmd_run(a: argparse.Namespace) -> int:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     argv = runner_argv(a.target, a.program)
-    missing = load_target(a.target).missing()
+    missing = load_target(a.target).missing(run=True)
     if missing:
         print(f"colibri: target {a.target}: {', '.join(missing)} not found; install it with: "
               f"{load_target(a.target).install_hint()}", file=sys.stderr)
@@ -83,7 +83,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_targets(a: argparse.Namespace) -> int:  # noqa: ARG001
     for t in all_targets():
-        missing = t.missing()
+        missing = t.missing(run=True)
         state = "ready" if not missing else f"missing {', '.join(missing)}: {t.install_hint()}"
         print(f"{t.name:<12} {t.kind:<9} {t.description}  [{state}]")
     return 0

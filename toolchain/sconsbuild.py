@@ -24,6 +24,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
 
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
+ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
 RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
 DEMO_COMMON = "runtime_c/demo/demo_common.c"
 DEFAULT_MODEL = "build/models/tiny_mixtral"
@@ -97,12 +98,35 @@ def _target_env(base, t: Target, sanitize: list[str]):
         CCFLAGS=COMMON_CFLAGS + list(t.cflags), LINKFLAGS=list(t.linkflags),
         CPPPATH=[str(ROOT / "runtime_c/include")],
     )
-    if t.sysroot:
-        env.Append(CCFLAGS=[f"--sysroot={t.sysroot}"], LINKFLAGS=[f"--sysroot={t.sysroot}"])
     if sanitize:
         flag = f"-fsanitize={','.join(sanitize)}"
         env.Append(CCFLAGS=[flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"], LINKFLAGS=[flag])
     return env
+
+
+def _shared_lib(env, out: Path, lib: str, objs: list, soflags: list[str]) -> list:
+    """lib<lib>.so with SONAME lib<lib>.so.<ABI major>, and that name as a link to it."""
+    soname = f"lib{lib}.so.{ABI_MAJOR}"
+    so = env.SharedLibrary(str(out / f"lib{lib}"), objs, SHLINKFLAGS=soflags + [f"-Wl,-soname,{soname}"])
+    link = env.Command(str(out / soname), so, _symlink_action)
+    return [so, link]
+
+
+def _symlink_action(target, source, env):  # noqa: ARG001
+    dst = Path(str(target[0]))
+    dst.unlink(missing_ok=True)
+    dst.symlink_to(Path(str(source[0])).name)
+    return 0
+
+
+def _pkgconfig_action(target, source, env):  # noqa: ARG001
+    name = env["COLIBRI_MODEL"]
+    Path(str(target[0])).write_text(
+        "prefix=${pcfiledir}\nincludedir=${prefix}/include\nlibdir=${prefix}\n\n"
+        f"Name: colibri_{name}\nDescription: colibri MoE runtime with the model {name} linked in\n"
+        f"Version: 0.1.0\nCflags: -I${{includedir}}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lcolibri_{name}\n"
+    )
+    return 0
 
 
 def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: bool) -> list:
@@ -121,10 +145,11 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     soflags = ["-shared", f"-Wl,--version-script={ROOT / 'runtime_c/colibri.map'}",
                "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
     lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
-    lib_so = spec_env.SharedLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs,
-                                    SHLINKFLAGS=soflags + [f"-Wl,-soname,libcolibri_{name}.so"])
-    generic_so = gen_env.SharedLibrary(str(out / "libcolibri"), generic_objs,
-                                       SHLINKFLAGS=soflags + ["-Wl,-soname,libcolibri.so"])
+    lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
+    generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
+    headers = [env.Command(str(out / "include" / h), src, Copy("$TARGET", "$SOURCE"))
+               for h, src in (("colibri.h", str(ROOT / "runtime_c/include/colibri.h")), ("model.h", gen["model.h"]))]
+    pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), _pkgconfig_action, COLIBRI_MODEL=name)
     exe_flags = ["-static"] if static_exe else []
     demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [inc], LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
     common = demo_env.Object(str(obj / "demo_common"), str(ROOT / DEMO_COMMON))
@@ -136,7 +161,7 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
                             common] + generic_objs, LIBS=["m"])
     blob = env.Command(str(out / "model.bin"), gen["model.bin"], Copy("$TARGET", "$SOURCE"))
     manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], Copy("$TARGET", "$SOURCE"))
-    return [lib_a, lib_so, generic_so, demo, run, blob, manifest]
+    return [lib_a, lib_so, generic_so, headers, pc, demo, run, blob, manifest]
 
 
 def build_all(arguments: dict) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS_DIR = ROOT / "targets"
+TARGETS_DIR = Path(os.environ.get("COLIBRI_TARGETS_DIR") or ROOT / "targets")
 
 
 class TargetError(Exception):
@@ -25,7 +26,8 @@ class Target:
     cflags: tuple[str, ...] = ()
     linkflags: tuple[str, ...] = ()
     runner: tuple[str, ...] = ()  # prefix that runs a built program; empty: native
-    sysroot: str = ""
+    sysroot: str = ""  # where the runner finds the target's shared libraries (qemu -L)
+    tools_prefix: str = ""  # binutils prefix when cc does not imply it (clang)
     packages: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -35,15 +37,25 @@ class Target:
 
     def tool(self, name: str) -> str:
         """A binutils tool of this target's toolchain (ar, objcopy, ...)."""
+        if self.tools_prefix:
+            return self.tools_prefix + name
         exe = self.cc_argv[0]
-        if exe.endswith("gcc"):
-            return exe[: -len("gcc")] + name
-        return shutil.which(f"llvm-{name}") and f"llvm-{name}" or name
+        return exe[: -len("gcc")] + name if exe.endswith("gcc") else name
 
-    def missing(self) -> list[str]:
-        """Programs this target needs that are not installed here."""
-        progs = [self.cc_argv[0]] + ([self.runner[0]] if self.runner else [])
+    def missing(self, run: bool = False) -> list[str]:
+        """Programs this target needs that are not installed here (to build; with run, to run)."""
+        progs = [self.cc_argv[0]] + ([self.tools_prefix + "ar"] if self.tools_prefix else [])
+        progs += [self.runner[0]] if run and self.runner else []
         return [p for p in progs if shutil.which(p) is None]
+
+    def cpu_missing(self) -> list[str]:
+        """CPU features this target needs that the build machine lacks (native targets only)."""
+        need = self.extra.get("cpu_flags", [])
+        try:
+            flags = set(Path("/proc/cpuinfo").read_text().split())
+        except OSError:
+            return list(need)
+        return [f for f in need if f not in flags]
 
     def install_hint(self) -> str:
         return f"apt-get install {' '.join(self.packages)}" if self.packages else "(no package listed)"
@@ -58,7 +70,8 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> Target:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise TargetError(f"{path}: {e}") from None
-    known_keys = {"description", "kind", "arch", "cc", "cflags", "linkflags", "runner", "sysroot", "packages"}
+    known_keys = {"description", "kind", "arch", "cc", "cflags", "linkflags", "runner", "sysroot", "tools_prefix",
+                  "packages"}
     for key in ("description", "kind", "arch", "cc"):
         if key not in data:
             raise TargetError(f"{path}: missing key {key!r}")
@@ -72,6 +85,7 @@ def load_target(name: str, targets_dir: Path = TARGETS_DIR) -> Target:
         linkflags=tuple(data.get("linkflags", ())),
         runner=tuple(data.get("runner", ())),
         sysroot=data.get("sysroot", ""),
+        tools_prefix=data.get("tools_prefix", ""),
         packages=tuple(data.get("packages", ())),
         extra={k: v for k, v in data.items() if k not in known_keys},
     )

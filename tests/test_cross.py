@@ -1,0 +1,155 @@
+"""Every Linux target: built by SCons, run under QEMU (or natively), checked against the numpy reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from colibri.codegen.checkpoint import open_checkpoint
+from colibri.codegen.reference import Reference
+from colibri.codegen.spec import canonical_names
+from colibri.toolchain.targets import all_targets, load_target
+
+from blobread import weights as blob_weights
+from conftest import BIN, ROOT, scons, synth
+
+CROSS = [t.name for t in all_targets() if t.kind == "linux" and t.name != "host"]
+ELF_MACHINE = {"x86_64": "Advanced Micro Devices X86-64", "aarch64": "AArch64", "arm": "ARM",
+               "riscv64": "RISC-V"}
+PROMPT = [3, 17, 42]
+N_GEN = 16
+SHAPE = dict(layers=2, hidden=40, ffn=56, heads=4, kv_heads=2, experts=4, top_k=2, vocab=101, seed=21)
+
+
+@pytest.fixture(scope="module")
+def cross_ckpt(tmp_path_factory):
+    return synth(tmp_path_factory.mktemp("cross") / "crossm", **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def references(cross_ckpt):
+    c = open_checkpoint(cross_ckpt)
+    return c.spec, {n: c.get(n) for n in canonical_names(c.spec)}
+
+
+def _usable(name: str) -> None:
+    t = load_target(name)
+    missing = t.missing(run=True)
+    if missing:
+        pytest.skip(f"{name}: {', '.join(missing)} not installed ({t.install_hint()})")
+    if t.cpu_missing():
+        pytest.skip(f"{name}: this CPU lacks {', '.join(t.cpu_missing())}")
+
+
+def _run(target: str, program, *args: str) -> list[str]:
+    res = subprocess.run([str(BIN / "colibri"), "run", "--target", target, str(program), "--", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{target} {program}: exit {res.returncode}\n{res.stderr}"
+    return res.stdout.splitlines()
+
+
+def _parse(lines: list[str]) -> tuple[list[int], np.ndarray]:
+    tokens = next(line for line in lines if line.startswith("tokens: "))
+    logits = next(line for line in lines if line.startswith("logits: "))
+    return ([int(t) for t in tokens[8:].split(",")],
+            np.array([float(v) for v in logits[8:].split(",")], dtype=np.float32))
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8c"])
+@pytest.mark.parametrize("target", CROSS)
+def test_target_matches_reference(target, quant, cross_ckpt, references, build_model):
+    _usable(target)
+    out = build_model(cross_ckpt, quant, target)
+    spec, src = references
+    weights = src if quant == "f32" else {k: v for k, v in blob_weights(out / "model.bin").items()
+                                          if k != "rope_freq"}
+    ref = Reference(spec, weights, max_seq=256)
+    want_logits = ref.forward(PROMPT)
+    ref.reset()
+    want_tokens = ref.generate(PROMPT, N_GEN)
+    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
+    static = _parse(_run(target, out / "colibri_demo", *args))
+    dl = _parse(_run(target, out / "colibri_demo_dl", str(out / f"libcolibri_{out.name}.so"), *args))
+    bound = 1e-4 * float(np.max(np.abs(want_logits)))
+    for how, (tokens, logits) in (("colibri_demo", static), ("colibri_demo_dl", dl)):
+        assert tokens == want_tokens, f"{target} {how}: tokens differ from the reference"
+        assert float(np.max(np.abs(logits - want_logits))) <= bound, f"{target} {how}: logits off"
+    assert np.array_equal(static[1], dl[1])
+
+
+def _readelf(*args) -> str:
+    return subprocess.run(["readelf", "-W", *map(str, args)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("target", CROSS)
+def test_shared_objects_are_hardened(target, cross_ckpt, build_model):
+    _usable(target)
+    out = build_model(cross_ckpt, "int8c", target)
+    arch = load_target(target).arch
+    for so in (out / f"libcolibri_{out.name}.so", out / "libcolibri.so"):
+        header = _readelf("-h", so)
+        assert ELF_MACHINE[arch] in header, f"{so.name}: machine is not {arch}"
+        defined = [f[7] for f in map(str.split, _readelf("--dyn-syms", so).splitlines())
+                   if len(f) >= 8 and f[0].endswith(":") and f[0][:-1].isdigit() and f[6] != "UND"]
+        assert defined and all(d.startswith("colibri_") for d in defined), f"{so.name}: exports {defined}"
+        segments = _readelf("-l", so)
+        assert "GNU_RELRO" in segments
+        stack = next(line for line in segments.splitlines() if "GNU_STACK" in line)
+        assert "RWE" not in stack, f"{so.name}: executable stack"
+        dynamic = _readelf("-d", so)
+        assert "BIND_NOW" in dynamic or "(FLAGS)" in dynamic and "NOW" in dynamic
+        assert "TEXTREL" not in dynamic
+        assert f"[{so.name}.1]" in dynamic, f"{so.name}: SONAME without the ABI major"
+
+
+def test_pkg_config_app_builds_and_runs_on_target(cross_ckpt, build_model, tmp_path):
+    _usable("rpi4")
+    out = build_model(cross_ckpt, "int8c", "rpi4")
+    app = tmp_path / "app.c"
+    app.write_text(
+        '#include <stdio.h>\n#include "model.h"\n'
+        "int main(void) { colibri_ctx *ctx; int32_t t[3] = {3, 17, 42}; static float lg[COLIBRI_VOCAB];\n"
+        "  colibri_status s = colibri_model_open(&ctx); if (s) { puts(colibri_strerror(s)); return 1; }\n"
+        "  s = colibri_forward(ctx, t, 3, lg, COLIBRI_VOCAB); int best = 0;\n"
+        "  for (int i = 1; i < COLIBRI_VOCAB; i++) if (lg[i] > lg[best]) best = i;\n"
+        '  printf("%d %d\\n", (int)s, best); return (int)s; }\n')
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", f"colibri_{out.name}"], capture_output=True,
+                           text=True, check=True, env={**os.environ, "PKG_CONFIG_PATH": str(out)}).stdout.split()
+    exe = tmp_path / "app"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-std=c11", "-Wall", "-Werror", str(app), "-o", str(exe), *flags],
+                   check=True)
+    lines = _run("rpi4", exe)
+    status, best = map(int, lines[0].split())
+    demo = _run("rpi4", out / "colibri_demo", "--tokens", "3,17,42", "--generate", "1")
+    assert status == 0 and demo[0] == f"tokens: {best}"
+
+
+def test_missing_compiler_names_the_package(cross_ckpt, tmp_path):
+    tdir = tmp_path / "targets"
+    tdir.mkdir()
+    (tdir / "ghost.toml").write_text('description = "a board whose compiler is not installed"\nkind = "linux"\n'
+                                     'arch = "aarch64"\ncc = "ghost-linux-gnu-gcc"\n'
+                                     'packages = ["gcc-ghost-linux-gnu"]\n')
+    res = subprocess.run([str(BIN / "scons"), "-C", str(ROOT), "-Q", f"BUILD={tmp_path / 'b'}", "TARGET=ghost",
+                          f"MODEL={cross_ckpt}"], capture_output=True, text=True,
+                         env={**os.environ, "COLIBRI_TARGETS_DIR": str(tdir)})
+    assert res.returncode != 0
+    lines = [line for line in res.stderr.splitlines() if line.startswith("colibri:")]
+    assert len(lines) == 1 and "ghost-linux-gnu-gcc" in lines[0] and "gcc-ghost-linux-gnu" in lines[0]
+    assert not (tmp_path / "b" / "ghost").exists()
+
+
+def test_all_targets_in_one_run_and_null_build(cross_ckpt, tmp_path):
+    usable = [t for t in CROSS if not load_target(t).missing()]
+    build = tmp_path / "b"
+    res = scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", build=build)
+    exports = [line for line in res.stdout.splitlines() if line.startswith("model crossm:")]
+    assert len(exports) == 1, "the model must be exported once for all targets"
+    for t in usable:
+        assert (build / t / "crossm" / "colibri_demo").is_file()
+        assert (build / t / "crossm" / "compile_commands.json").is_file()
+    assert scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", "--question", build=build,
+                 check=False).returncode == 0
