@@ -1,0 +1,162 @@
+"""Open a HuggingFace checkpoint directory: config, importer, safetensors files, all validated up front.
+
+`open_checkpoint` reads only config.json, the index and the safetensors headers; tensor data is read
+later, one tensor at a time, by `Checkpoint.get`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from .errors import ExportError
+from .importers import Importer, find_importer
+from .safetensors_reader import FLOAT_DTYPES, SafetensorsFile, TensorInfo
+from .spec import ModelSpec, canonical_shape
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ExportError(path, f"{what} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(path, f"cannot read {what}: {e}") from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ExportError(path, f"invalid JSON: {e}") from None
+
+
+def _shard_files(directory: Path) -> tuple[dict[str, SafetensorsFile], Path, dict[str, str] | None]:
+    """The safetensors files, the file that lists the tensors (for errors), and the index weight map."""
+    single = directory / SINGLE_FILE
+    if single.is_file():
+        f = SafetensorsFile(single)
+        return {SINGLE_FILE: f}, single, None
+    index_path = directory / INDEX_FILE
+    if not index_path.is_file():
+        raise ExportError(directory, f"no {SINGLE_FILE} and no {INDEX_FILE}")
+    index = _load_json(index_path, "index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ExportError(index_path, "key 'weight_map': missing or not an object of tensor name -> shard file")
+    files: dict[str, SafetensorsFile] = {}
+    for shard in sorted(set(weight_map.values())):
+        rel = PurePosixPath(shard)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise ExportError(index_path, f"shard {shard!r} is not a file inside the checkpoint directory")
+        if not (directory / rel).is_file():
+            raise ExportError(index_path, f"shard {shard} listed in weight_map does not exist")
+        files[shard] = SafetensorsFile(directory / rel)
+    return files, index_path, weight_map
+
+
+def _locate(directory: Path) -> tuple[dict[str, tuple[SafetensorsFile, TensorInfo]], Path]:
+    """Every tensor name -> (its file, its header entry), cross-checked against the index when sharded."""
+    files, listing, weight_map = _shard_files(directory)
+    where: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
+    for shard, f in files.items():
+        for name, info in f.tensors.items():
+            if name in where:
+                raise ExportError(f.path, f"also present in {where[name][0].path.name}", name)
+            if weight_map is not None and weight_map.get(name) != shard:
+                listed = weight_map.get(name)
+                raise ExportError(listing, f"found in shard {shard} but the weight_map lists "
+                                           f"{'shard ' + listed if listed else 'no shard for it'}", name)
+            where[name] = (f, info)
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            if name not in where:
+                raise ExportError(listing, f"listed in weight_map but absent from shard {shard}", name)
+    return where, listing
+
+
+class Checkpoint:
+    """A validated checkpoint; `get` reads one canonical tensor as float32."""
+
+    def __init__(self, path: Path, config: dict[str, Any], importer: Importer, spec: ModelSpec,
+                 sources: dict[str, tuple[SafetensorsFile, TensorInfo]]) -> None:
+        self.path = path
+        self.config = config
+        self.importer = importer
+        self.spec = spec
+        self._sources = sources  # canonical name -> (file, header entry)
+        # canonical name -> safetensors dtype in the files ("F32", "F16" or "BF16")
+        self.source_dtypes: dict[str, str] = {n: info.dtype for n, (_, info) in sources.items()}
+
+    def names(self) -> list[str]:
+        """Canonical tensor names, in canonical order."""
+        return list(self._sources)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def source_name(self, name: str) -> str:
+        """The tensor's name in the checkpoint files."""
+        return self._sources[name][1].name
+
+    def source_file(self, name: str) -> Path:
+        return self._sources[name][0].path
+
+    def get(self, name: str) -> np.ndarray:
+        """Read one canonical tensor as a new float32 array; ExportError on NaN/Inf. KeyError if unknown."""
+        f, info = self._sources[name]
+        arr = f.read(info.name)
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ExportError(f.path, f"{int(bad.sum())} non-finite values (NaN or Inf), the first at index "
+                                      f"{list(first)}", info.name)
+        return arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.get(name)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Open and validate a checkpoint directory (or its config.json) without reading any tensor data."""
+    directory = Path(path)
+    if directory.is_file() and directory.name == "config.json":
+        directory = directory.parent
+    if not directory.is_dir():
+        raise ExportError(directory, "not a checkpoint directory" if directory.exists() else "does not exist")
+    config_path = directory / "config.json"
+    config = _load_json(config_path, "config.json")
+    if not isinstance(config, dict):
+        raise ExportError(config_path, "not a JSON object")
+    importer = find_importer(config, config_path)
+    spec = importer.parse_config(config, config_path)
+    where, listing = _locate(directory)
+
+    sources: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
+    expected = importer.tensor_map(spec)
+    for canonical, name in expected.items():
+        if name not in where:
+            raise ExportError(listing, "missing tensor", name)
+        f, info = where[name]
+        if info.dtype not in FLOAT_DTYPES:
+            raise ExportError(f.path, f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})",
+                              name)
+        shape = canonical_shape(spec, canonical)
+        if info.shape != shape:
+            raise ExportError(f.path, f"shape {list(info.shape)} does not match the config's {list(shape)}", name)
+        sources[canonical] = (f, info)
+    wanted = set(expected.values())
+    for name in sorted(where):
+        if name not in wanted and not importer.is_ignored(spec, name):
+            raise ExportError(where[name][0].path, "unexpected tensor (not part of the model)", name)
+    return Checkpoint(directory, config, importer, spec, sources)

@@ -1,0 +1,175 @@
+"""The numpy float32 reference forward pass: HuggingFace Mixtral semantics, one token at a time, KV cache.
+
+This is the oracle the C runtime is tested against, so it favours being obviously right over being fast.
+Prefill is computed token by token, which makes a prefill of n tokens identical to n single steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .spec import ModelSpec, canonical_names
+
+F32 = np.float32
+
+
+class WeightSource(Protocol):
+    def get(self, name: str) -> Any: ...
+
+
+def rope_inv_freq(spec: ModelSpec) -> np.ndarray:
+    """Rotary inverse frequencies as HF computes them in float32: 1 / theta ** (arange(0, d, 2) / d).
+
+    The float32 exponent is exact as in HF; the power is rounded once from float64 (torch's own
+    float32 pow may differ from it by an ulp), so the result does not depend on the libm at hand.
+    """
+    d = spec.head_dim
+    exponent = np.arange(0, d, 2, dtype=F32) / F32(d)
+    power = (np.float64(spec.rope_theta) ** exponent.astype(np.float64)).astype(F32)
+    return F32(1.0) / power
+
+
+def rope_cos_sin(inv_freq: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the float32 angle pos * inv_freq, each rounded once from float64."""
+    angle = (F32(pos) * inv_freq).astype(np.float64)
+    return np.cos(angle).astype(F32), np.sin(angle).astype(F32)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w, all in float32 (HF multiplies by rsqrt, then by the weight)."""
+    ms = np.mean(x * x, dtype=F32)
+    return (x * (F32(1.0) / np.sqrt(ms + F32(eps)))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (F32(1.0) + np.exp(-x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True, dtype=F32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """HF rotate_half convention on (heads, head_dim): the first half pairs with the second half."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over all experts, the top_k largest (ties -> lower index), renormalised to sum 1.
+
+    Returns (experts in increasing index order, their weights).
+    """
+    probs = softmax(logits)
+    chosen = np.argsort(-probs, kind="stable")[:top_k]
+    weights = probs[chosen] / np.sum(probs[chosen], dtype=F32)
+    order = np.argsort(chosen)
+    return chosen[order], weights[order].astype(F32)
+
+
+class Reference:
+    """Greedy-decodable Mixtral in numpy float32 with a KV cache of `max_seq` positions.
+
+    `weights` is a mapping of canonical names to arrays, or anything with `get(name)` (a Checkpoint);
+    all tensors are read once, as float32, at construction.
+    """
+
+    def __init__(self, spec: ModelSpec, weights: Mapping[str, np.ndarray] | WeightSource,
+                 max_seq: int | None = None) -> None:
+        self.spec = spec
+        self.max_seq = spec.max_position if max_seq is None else int(max_seq)
+        if self.max_seq <= 0:
+            raise ValueError(f"max_seq must be positive, got {self.max_seq}")
+        self.w: dict[str, np.ndarray] = {}
+        for name in canonical_names(spec):
+            t = weights.get(name)
+            if t is None:
+                raise KeyError(f"weights: missing tensor {name}")
+            self.w[name] = np.ascontiguousarray(t, dtype=F32)
+        self.lm_head = self.w["embed"] if spec.tied else self.w["lm_head"]
+        self.inv_freq = rope_inv_freq(spec)
+        self.routing: list[np.ndarray] = []  # experts chosen in each layer for the last token
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the sequence: the next token is at position 0."""
+        s = self.spec
+        self.pos = 0
+        shape = (s.n_layers, self.max_seq, s.n_kv_heads, s.head_dim)
+        self.k_cache = np.zeros(shape, dtype=F32)
+        self.v_cache = np.zeros(shape, dtype=F32)
+
+    def _attention(self, layer: int, x: np.ndarray) -> np.ndarray:
+        s, w, p = self.spec, self.w, f"layers.{layer}."
+        q = (w[p + "attn.q"] @ x).reshape(s.n_heads, s.head_dim)
+        k = (w[p + "attn.k"] @ x).reshape(s.n_kv_heads, s.head_dim)
+        v = (w[p + "attn.v"] @ x).reshape(s.n_kv_heads, s.head_dim)
+        cos, sin = rope_cos_sin(self.inv_freq, self.pos)
+        self.k_cache[layer, self.pos] = apply_rope(k, cos, sin)
+        self.v_cache[layer, self.pos] = v
+        q = apply_rope(q, cos, sin)
+        n = self.pos + 1
+        group = s.n_heads // s.n_kv_heads
+        scale = F32(s.head_dim ** -0.5)
+        out = np.empty((s.n_heads, s.head_dim), dtype=F32)
+        for h in range(s.n_heads):
+            kv = h // group  # HF repeat_kv: query head h reads kv head h // group
+            scores = (self.k_cache[layer, :n, kv] @ q[h]) * scale
+            out[h] = softmax(scores) @ self.v_cache[layer, :n, kv]
+        return w[p + "attn.o"] @ out.reshape(-1)
+
+    def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
+        w, p = self.w, f"layers.{layer}.moe."
+        experts, weights = route(w[p + "router"] @ x, self.spec.top_k)
+        self.routing.append(experts)
+        acc = np.zeros_like(x)
+        for e, g in zip(experts, weights, strict=True):
+            q = f"{p}experts.{e}."
+            y = w[q + "down"] @ (silu(w[q + "gate"] @ x) * (w[q + "up"] @ x))
+            acc += y * g
+        return acc
+
+    def _step(self, token: int) -> np.ndarray:
+        s = self.spec
+        if not 0 <= token < s.vocab:
+            raise ValueError(f"token id {token} out of range 0..{s.vocab - 1}")
+        if self.pos >= min(self.max_seq, s.max_position):
+            raise ValueError(f"sequence longer than max_seq {self.max_seq} or the model's "
+                             f"max_position {s.max_position}")
+        self.routing = []
+        x = self.w["embed"][token].copy()
+        for layer in range(s.n_layers):
+            p = f"layers.{layer}."
+            x = x + self._attention(layer, rms_norm(x, self.w[p + "attn_norm"], s.rms_eps))
+            x = x + self._moe(layer, rms_norm(x, self.w[p + "ffn_norm"], s.rms_eps))
+        self.pos += 1
+        return x
+
+    def forward(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to the sequence; the logits (vocab,) float32 of the last one."""
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        for t in tokens:
+            x = self._step(int(t))
+        return self.lm_head @ rms_norm(x, self.w["final_norm"], self.spec.rms_eps)
+
+    def generate(self, tokens: Sequence[int], n: int) -> list[int]:
+        """Greedy decoding (ties -> lowest id) continuing the current sequence; only the n new ids.
+
+        The last new id is not fed back, so the cache then holds the prompt and the first n - 1 new ids.
+        """
+        if n <= 0:
+            return []
+        logits = self.forward(tokens)
+        out: list[int] = []
+        while True:
+            out.append(int(np.argmax(logits)))
+            if len(out) == n:
+                return out
+            logits = self.forward(out[-1:])

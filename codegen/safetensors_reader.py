@@ -1,0 +1,158 @@
+"""A strict reader of one .safetensors file: header validated up front, tensors read lazily as float32.
+
+Format: 8-byte little-endian header length N, N bytes of JSON, then the data section.
+Each header entry gives dtype, shape and data_offsets [begin, end) relative to the data section.
+We parse this ourselves because numpy has no bfloat16, and so that every defect of a
+file becomes an ExportError naming it (and the tensor) instead of a crash deep in a library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ExportError
+
+# Byte size of every dtype the safetensors format defines; only some of them can be converted.
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library refuses larger headers too
+
+_NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class SafetensorsFile:
+    """The validated header of one safetensors file; `read` loads one tensor at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse()
+
+    def _fail(self, message: str, tensor: str | None = None) -> ExportError:
+        return ExportError(self.path, message, tensor)
+
+    def _read_header(self) -> tuple[bytes, int]:
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                prefix = f.read(8)
+                if len(prefix) < 8:
+                    raise self._fail(f"not a safetensors file: {size} bytes, too short for the 8-byte header length")
+                n = int.from_bytes(prefix, "little")
+                if n > size - 8:
+                    raise self._fail(f"not a safetensors file or truncated: header length {n} exceeds "
+                                     f"the {size - 8} bytes after the length field")
+                if n > MAX_HEADER_BYTES:
+                    raise self._fail(f"not a safetensors file: header length {n} exceeds the "
+                                     f"{MAX_HEADER_BYTES}-byte limit of the format")
+                raw = f.read(n)
+        except OSError as e:
+            raise self._fail(f"cannot read: {e.strerror or e}") from None
+        if len(raw) != n:
+            raise self._fail(f"truncated header: expected {n} bytes, read {len(raw)}")
+        return raw, size - 8 - n
+
+    def _parse(self) -> None:
+        raw, data_len = self._read_header()
+        try:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        except UnicodeDecodeError as e:
+            raise self._fail(f"not a safetensors file: header is not UTF-8 ({e.reason} at byte {e.start})") from None
+        except ValueError as e:
+            raise self._fail(f"not a safetensors file: invalid header JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise self._fail("not a safetensors file: header is not a JSON object")
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict):
+            raise self._fail("header __metadata__ is not a JSON object")
+        self.metadata = meta
+        data_start = 8 + len(raw)
+        spans: list[tuple[int, int, str]] = []
+        for name, entry in header.items():
+            info, begin, end = self._entry(name, entry, data_len, data_start)
+            self.tensors[name] = info
+            if end > begin:
+                spans.append((begin, end, name))
+        spans.sort()
+        for (_, prev_end, prev), (begin, _, name) in zip(spans, spans[1:], strict=False):
+            if begin < prev_end:
+                raise self._fail(f"data offsets overlap those of tensor {prev}", name)
+
+    def _entry(self, name: str, entry: Any, data_len: int, data_start: int) -> tuple[TensorInfo, int, int]:
+        if not isinstance(entry, dict):
+            raise self._fail("malformed header entry (not a JSON object)", name)
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise self._fail(f"malformed header entry: dtype {dtype!r}", name)
+        if dtype not in DTYPE_SIZES:
+            raise self._fail(f"unknown dtype {dtype}", name)
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise self._fail(f"malformed header entry: shape {shape!r}", name)
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise self._fail(f"malformed header entry: data_offsets {offsets!r}", name)
+        begin, end = offsets
+        if end > data_len:
+            raise self._fail(f"truncated: data_offsets [{begin}, {end}] run past the end of the data section "
+                             f"({data_len} bytes)", name)
+        expected = DTYPE_SIZES[dtype] * math.prod(shape)
+        if end - begin != expected:
+            raise self._fail(f"byte length {end - begin} does not match dtype {dtype} x shape {shape} "
+                             f"= {expected} bytes", name)
+        return TensorInfo(name, dtype, tuple(shape), data_start + begin, end - begin), begin, end
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as a new, writable float32 array (F32, F16 and BF16 only)."""
+        info = self.tensors[name]
+        if info.dtype not in _NUMPY_DTYPES:
+            raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
+        buf = bytearray(info.nbytes)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(info.start)
+                got = f.readinto(buf)
+        except OSError as e:
+            raise self._fail(f"cannot read: {e.strerror or e}", name) from None
+        if got != info.nbytes:
+            raise self._fail(f"truncated: expected {info.nbytes} bytes of data, read {got}", name)
+        raw = np.frombuffer(buf, dtype=_NUMPY_DTYPES[info.dtype])
+        if info.dtype == "BF16":
+            out = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            out = raw.astype(np.float32)
+        return out.reshape(info.shape)

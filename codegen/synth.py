@@ -1,0 +1,197 @@
+"""Synthetic HuggingFace-format checkpoints: deterministic, small, and with weights that matter.
+
+The scales keep activations O(1) through the layers while making attention, routing and the
+greedy token genuinely depend on the weights: linear weights ~ N(0, 1/in), router logits with
+std ~2 so that top-k choices vary from token to token, norm weights ~ 1 + 0.1 N(0, 1), embeddings
+~ N(0, 1) (or N(0, TIED_EMBED_STD^2 / hidden) when tied: a tied lm_head reads the residual
+stream through the embedding itself, and a large embedding would make every model echo its last
+input token). `heavy_tail` draws Student-t (df 3) weights, with the same std, so outliers exist.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from .importers import mixtral
+from .spec import ModelSpec, canonical_names, canonical_shape
+
+DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
+ROUTER_LOGIT_STD = 2.0
+TIED_EMBED_STD = 0.25
+RMS_EPS = 1e-5
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (inputs are finite)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def encode(x: np.ndarray, dtype: str) -> bytes:
+    """Little-endian bytes of x in a safetensors dtype (F32, F16 or BF16)."""
+    if dtype == "F32":
+        return np.ascontiguousarray(x, dtype="<f4").tobytes()
+    if dtype == "F16":
+        return np.ascontiguousarray(x, dtype="<f2").tobytes()
+    if dtype == "BF16":
+        return to_bf16_bits(x).tobytes()
+    raise ValueError(f"cannot encode dtype {dtype}")
+
+
+def write_safetensors(path: str | Path, tensors: Iterable[tuple[str, str, tuple[int, ...], bytes]],
+                      metadata: dict[str, str] | None = None) -> int:
+    """Write (name, dtype, shape, raw bytes) entries, in the given order; returns the data size."""
+    header: dict[str, object] = {"__metadata__": metadata if metadata is not None else {"format": "pt"}}
+    chunks, offset = [], 0
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format allows space padding; keeps data 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for raw in chunks:
+            f.write(raw)
+    return offset
+
+
+def _weight(rng: np.random.Generator, spec: ModelSpec, name: str, heavy_tail: bool) -> np.ndarray:
+    shape = canonical_shape(spec, name)
+    if name.endswith("norm"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name == "embed":
+        std = TIED_EMBED_STD / math.sqrt(spec.hidden) if spec.tied else 1.0
+    elif name.endswith("router"):
+        std = ROUTER_LOGIT_STD / math.sqrt(shape[1])
+    else:
+        std = 1.0 / math.sqrt(shape[1])
+    if heavy_tail:
+        z = rng.standard_t(3.0, shape) / math.sqrt(3.0)  # df 3 has variance 3
+    else:
+        z = rng.standard_normal(shape)
+    return (z * std).astype(np.float32)
+
+
+def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
+    cfg: dict[str, object] = {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": spec.n_heads,
+        "num_key_value_heads": spec.n_kv_heads,
+    }
+    if explicit_head_dim:
+        cfg["head_dim"] = spec.head_dim
+    cfg.update({
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position,
+        "rms_norm_eps": spec.rms_eps,
+        "rope_theta": spec.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": spec.tied,
+        "num_local_experts": spec.n_experts,
+        "num_experts_per_tok": spec.top_k,
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "use_cache": True,
+        "torch_dtype": torch_dtype,
+    })
+    return cfg
+
+
+def _split(sizes: list[int], shards: int) -> list[int]:
+    """Shard index of each tensor: contiguous runs of roughly equal bytes, none empty."""
+    total, out, shard, done, in_shard = sum(sizes), [], 0, 0, 0
+    for i, size in enumerate(sizes):
+        if shard < shards - 1 and in_shard > 0 and (
+                done >= total * (shard + 1) / shards or len(sizes) - i == shards - 1 - shard):
+            shard, in_shard = shard + 1, 0
+        out.append(shard)
+        done += size
+        in_shard += 1
+    return out
+
+
+def _write_weights(tmp: Path, entries: list[tuple[str, str, tuple[int, ...], bytes]], shards: int) -> None:
+    if shards == 1:
+        write_safetensors(tmp / "model.safetensors", entries)
+        return
+    which = _split([len(e[3]) for e in entries], shards)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = [e for e, w in zip(entries, which, strict=True) if w == s]
+        total += write_safetensors(tmp / fname, part)
+        weight_map.update({e[0]: fname for e in part})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move tmp to out; an existing out is swapped away first and then removed."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, old / out.name)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int, hidden: int, ffn: int,
+                     heads: int, kv_heads: int, experts: int, top_k: int, vocab: int, seed: int,
+                     dtype: str = "f32", tie: bool = False, head_dim: int | None = None,
+                     rope_theta: float = 1e6, max_position: int = 4096, heavy_tail: bool = False,
+                     shards: int = 1) -> Path:
+    """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed."""
+    if arch != "mixtral":
+        raise ValueError(f"synth: unsupported arch {arch!r} (supported: mixtral)")
+    if dtype not in DTYPES:
+        raise ValueError(f"synth: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if head_dim is None and heads > 0 and hidden % heads:
+        raise ValueError(f"synth: hidden {hidden} is not a multiple of heads {heads}; give head_dim")
+    spec = ModelSpec(
+        arch=arch, vocab=vocab, hidden=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+        head_dim=head_dim if head_dim is not None else hidden // max(heads, 1), ffn=ffn, n_experts=experts,
+        top_k=top_k, rms_eps=RMS_EPS, rope_theta=float(rope_theta), tied=bool(tie), max_position=max_position,
+    )
+    n_tensors = len(canonical_names(spec))
+    if not 1 <= shards <= n_tensors:
+        raise ValueError(f"synth: shards must be in 1..{n_tensors}, got {shards}")
+    st_dtype, torch_dtype = DTYPES[dtype]
+    rng = np.random.default_rng(seed)
+    entries = []
+    for name in canonical_names(spec):
+        w = _weight(rng, spec, name, heavy_tail)
+        entries.append((mixtral.source_name(name), st_dtype, w.shape, encode(w, st_dtype)))
+
+    out = Path(out_dir).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        config = _config(spec, torch_dtype, head_dim is not None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_weights(tmp, entries, shards)
+        os.chmod(tmp, 0o755)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
