@@ -9,8 +9,10 @@ import zlib
 
 import numpy as np
 import pytest
-from blobread import entry_offset, header
+
 from colibri.runtime import ColibriError, load
+
+from blobread import entry_offset, header
 from conftest import GOLDEN
 
 E = {"NULL": 1, "BAD_MAGIC": 2, "VERSION": 3, "TRUNCATED": 4, "CRC": 5, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7,

@@ -9,8 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import BIN, synth
 from safetensors.numpy import load_file, save_file
+
+from conftest import BIN, synth
 
 SMALL = dict(layers=1, hidden=32, ffn=48, heads=4, kv_heads=2, experts=3, top_k=2, vocab=64, seed=3)
 

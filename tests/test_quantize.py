@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.quantize import quantize, relative_error
 from colibri.codegen.spec import canonical_names
+
 from conftest import synth
 
 QUANTIZED = ("attn.q", "attn.k", "attn.v", "attn.o", "gate", "down", "up", "embed", "lm_head")

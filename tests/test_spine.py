@@ -7,11 +7,13 @@ import subprocess
 
 import numpy as np
 import pytest
-from blobread import weights as blob_weights
+
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
+
+from blobread import weights as blob_weights
 from conftest import GOLDEN
 
 PROMPT = [3, 17, 42, 5, 9]
