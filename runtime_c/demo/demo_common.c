@@ -1,0 +1,156 @@
+/* demo_common.c - see demo_common.h. Programs, not the runtime: libc is fine here. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "demo_common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void demo_usage(FILE *f, const char *prog, int want_model)
+{
+    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--print-logits]\n", prog,
+            want_model ? " MODEL.bin" : "");
+}
+
+static int demo_bad(const char *prog, int want_model, const char *what, const char *arg)
+{
+    fprintf(stderr, "%s: %s%s%s\n", prog, what, arg ? ": " : "", arg ? arg : "");
+    demo_usage(stderr, prog, want_model);
+    return 2;
+}
+
+/* A decimal integer in [lo, hi] filling the whole of [s, end). */
+static int demo_long(const char *s, const char **end, long lo, long hi, long *out)
+{
+    char *e;
+    errno = 0;
+    long v = strtol(s, &e, 10);
+    if (e == s || errno == ERANGE || v < lo || v > hi)
+        return 0;
+    *end = e;
+    *out = v;
+    return 1;
+}
+
+static int demo_tokens(const char *s, demo_args *a)
+{
+    a->n_tokens = 0;
+    for (;;) {
+        long v;
+        if (a->n_tokens == DEMO_MAX_TOKENS || !demo_long(s, &s, INT32_MIN, INT32_MAX, &v))
+            return 0;
+        a->tokens[a->n_tokens++] = (int32_t)v; /* range is colibri's to judge (E_TOKEN) */
+        if (*s == '\0')
+            return 1;
+        if (*s++ != ',')
+            return 0;
+    }
+}
+
+int demo_parse(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
+               size_t n_default, long default_generate, demo_args *a)
+{
+    a->model = NULL;
+    a->n_tokens = n_default < DEMO_MAX_TOKENS ? n_default : DEMO_MAX_TOKENS;
+    memcpy(a->tokens, default_tokens, a->n_tokens * sizeof *a->tokens);
+    a->generate = default_generate;
+    a->print_logits = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *value = NULL, *end;
+        /* --tokens and --generate take a value, as the next argument or after '=' */
+        size_t name_len = strncmp(arg, "--", 2) == 0 && strchr(arg, '=') ? (size_t)(strchr(arg, '=') - arg)
+                                                                           : strlen(arg);
+        int is_tokens = name_len == 8 && strncmp(arg, "--tokens", 8) == 0;
+        int is_generate = name_len == 10 && strncmp(arg, "--generate", 10) == 0;
+        if (is_tokens || is_generate) {
+            if (arg[name_len] == '=')
+                value = arg + name_len + 1;
+            else if (i + 1 < argc)
+                value = argv[++i];
+            else
+                return demo_bad(prog, want_model, "missing value for", arg);
+        }
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            demo_usage(stdout, prog, want_model);
+            return 0;
+        } else if (strcmp(arg, "--print-logits") == 0) {
+            a->print_logits = 1;
+        } else if (is_tokens) {
+            if (!demo_tokens(value, a))
+                return demo_bad(prog, want_model, "--tokens wants comma-separated token ids", value);
+        } else if (is_generate) {
+            if (!demo_long(value, &end, 0, LONG_MAX, &a->generate) || *end != '\0')
+                return demo_bad(prog, want_model, "--generate wants a count >= 0", value);
+        } else if (want_model && !a->model && arg[0] != '-') {
+            a->model = arg;
+        } else {
+            return demo_bad(prog, want_model, "unexpected argument", arg);
+        }
+    }
+    if (want_model && !a->model)
+        return demo_bad(prog, want_model, "no model file given", NULL);
+    return DEMO_CONTINUE;
+}
+
+int demo_fail(const char *prog, const char *name, colibri_status st)
+{
+    fprintf(stderr, "%s: %s: %s (status %d)\n", prog, name, colibri_strerror(st), (int)st);
+    return 3;
+}
+
+static int32_t demo_argmax(const float *v, size_t n) /* the first of equal maxima, as numpy's argmax */
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return (int32_t)best;
+}
+
+static double demo_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int demo_run(colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits, size_t vocab,
+             const char *prog, const char *name)
+{
+    colibri_status st = colibri_forward(ctx, a->tokens, a->n_tokens, logits, vocab);
+    if (st != COLIBRI_OK)
+        return demo_fail(prog, name, st);
+    memcpy(prompt_logits, logits, vocab * sizeof *logits);
+
+    /* token i comes from the logits of token i-1, so n tokens take n-1 decode steps */
+    double seconds = 0.0;
+    long steps = 0;
+    printf("tokens: ");
+    for (long i = 0; i < a->generate; i++) {
+        int32_t next = demo_argmax(logits, vocab);
+        printf(i ? ",%ld" : "%ld", (long)next);
+        fflush(stdout);
+        if (i + 1 == a->generate)
+            break;
+        double t0 = demo_now();
+        st = colibri_forward(ctx, &next, 1, logits, vocab);
+        seconds += demo_now() - t0;
+        steps++;
+        if (st != COLIBRI_OK) {
+            printf("\n");
+            return demo_fail(prog, name, st);
+        }
+    }
+    printf("\ntok/s: %.2f\n", seconds > 0.0 ? (double)steps / seconds : 0.0);
+    if (a->print_logits) {
+        printf("logits: ");
+        for (size_t i = 0; i < vocab; i++)
+            printf(i ? ",%.9g" : "%.9g", (double)prompt_logits[i]);
+        printf("\n");
+    }
+    return 0;
+}

@@ -1,0 +1,636 @@
+/*
+ * colibri.c - the colibri runtime: blob validation, the context, the Mixtral
+ * forward pass and the small API functions, in that order.
+ *
+ * Every byte of the blob is checked once, in cb_validate, before a context
+ * exists; the forward pass then trusts it and checks nothing. The runtime
+ * allocates nothing: the context sits at offset 0 of the caller's arena and
+ * the activations in the buffers the blob's arena plan places there.
+ */
+#include <float.h>
+#include <string.h>
+
+#include "colibri.h"
+
+#include "cbmath.h"
+#include "kernels.h"
+
+#ifdef COLIBRI_SPECIALISED
+#include "model.h"
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "colibri reads the little-endian blob in place; big-endian hosts are not supported"
+#endif
+
+/* ---------------------------------------------------------------- format */
+
+#define CB_MAGIC 0x52424C43u /* "CLBR" */
+#define CB_VERSION_MAJOR 1u
+#define CB_HEADER_FIXED 256u
+#define CB_ENTRY_BYTES 64u
+#define CB_ALIGN 64u
+#define CB_ROW_ALIGN 16u
+#define CB_LAYOUT_ROWMAJOR16 1u
+#define CB_FLAG_TIED 1u
+#define CB_MAX_TOP_K 16u
+#define CB_CTX_BYTES 256u
+#define CB_CTX_MAGIC 0x78746362u
+#define CB_N_BUFFERS 11
+
+enum { K_EMBED = 1, K_ROPE_FREQ, K_ATTN_NORM, K_WQ, K_WK, K_WV, K_WO, K_FFN_NORM, K_ROUTER,
+       K_W_GATE, K_W_DOWN, K_W_UP, K_FINAL_NORM, K_LM_HEAD };
+
+/* Table index of a layer's tensors is layer_base + slot; expert e's are at
+ * layer_base + S_EXPERTS + 3e + {gate, down, up}. */
+enum { S_ATTN_NORM, S_WQ, S_WK, S_WV, S_WO, S_FFN_NORM, S_ROUTER, S_EXPERTS };
+enum { X_GATE, X_DOWN, X_UP };
+
+enum { B_KEY, B_VALUE, B_X, B_XB, B_Q, B_ATT, B_SCORES, B_ROUTER, B_GATE, B_UP, B_MOE };
+
+/* FORMAT.md "Arena": first and last step each buffer is live. The forward
+ * pass below touches each buffer only within these steps, so a plan that
+ * shares memory between buffers never live together is safe. */
+static const uint8_t cb_lifetime[CB_N_BUFFERS][2] = {
+    {0, 11}, {0, 11}, {0, 11}, {0, 11}, {1, 3}, {3, 4}, {3, 3}, {7, 8}, {8, 8}, {8, 8}, {8, 9},
+};
+
+#define DT(d) (1u << (d))
+#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C))
+
+typedef struct cb_model {
+    uint32_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn, n_experts, top_k, max_seq;
+    uint32_t tied;
+    float rms_eps;
+} cb_model;
+
+struct colibri_ctx {
+    uint32_t magic;
+    uint32_t n_past;
+    const colibri_ctx *self; /* a copied arena is no context: its pointers lead to the original */
+    const uint8_t *blob;
+    uint64_t blob_bytes, arena_bytes;
+    cb_model m;
+    float *buf[CB_N_BUFFERS];
+};
+_Static_assert(sizeof(struct colibri_ctx) <= CB_CTX_BYTES, "the context must fit the 256 bytes the plan leaves it");
+
+/* The specialised build reads the dimensions as constants from model.h, so
+ * loop bounds are known to the compiler; init refuses a blob of another shape.
+ * (void)(c) keeps the two builds' functions warning-free with one body. */
+#ifdef COLIBRI_SPECIALISED
+_Static_assert(COLIBRI_TOP_K >= 1 && COLIBRI_TOP_K <= COLIBRI_N_EXPERTS && COLIBRI_TOP_K <= 16, "top_k");
+_Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS == 0, "head layout");
+#define CB_VOCAB(c) ((void)(c), (size_t)COLIBRI_VOCAB)
+#define CB_HIDDEN(c) ((void)(c), (size_t)COLIBRI_HIDDEN)
+#define CB_N_LAYERS(c) ((void)(c), (size_t)COLIBRI_N_LAYERS)
+#define CB_N_HEADS(c) ((void)(c), (size_t)COLIBRI_N_HEADS)
+#define CB_N_KV_HEADS(c) ((void)(c), (size_t)COLIBRI_N_KV_HEADS)
+#define CB_HEAD_DIM(c) ((void)(c), (size_t)COLIBRI_HEAD_DIM)
+#define CB_FFN(c) ((void)(c), (size_t)COLIBRI_FFN)
+#define CB_N_EXPERTS(c) ((void)(c), (size_t)COLIBRI_N_EXPERTS)
+#define CB_TOP_K(c) ((void)(c), (size_t)COLIBRI_TOP_K)
+#define CB_MAX_SEQ(c) ((void)(c), (size_t)COLIBRI_MAX_SEQ)
+#define CB_TIED(c) ((void)(c), COLIBRI_TIED_LM_HEAD)
+#else
+#define CB_VOCAB(c) ((size_t)(c)->m.vocab)
+#define CB_HIDDEN(c) ((size_t)(c)->m.hidden)
+#define CB_N_LAYERS(c) ((size_t)(c)->m.n_layers)
+#define CB_N_HEADS(c) ((size_t)(c)->m.n_heads)
+#define CB_N_KV_HEADS(c) ((size_t)(c)->m.n_kv_heads)
+#define CB_HEAD_DIM(c) ((size_t)(c)->m.head_dim)
+#define CB_FFN(c) ((size_t)(c)->m.ffn)
+#define CB_N_EXPERTS(c) ((size_t)(c)->m.n_experts)
+#define CB_TOP_K(c) ((size_t)(c)->m.top_k)
+#define CB_MAX_SEQ(c) ((size_t)(c)->m.max_seq)
+#define CB_TIED(c) ((c)->m.tied)
+#endif
+
+/* ----------------------------------------------------------- blob access */
+
+static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, sizeof v); return v; }
+static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, sizeof v); return v; }
+static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, sizeof v); return v; }
+
+/* Sizes from untrusted fields saturate at UINT64_MAX, which then fails every
+ * bound it is compared with: no check can be fooled by a wrapped product. */
+static uint64_t cb_mul(uint64_t a, uint64_t b) { return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
+static uint64_t cb_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+static uint64_t cb_ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+static uint64_t cb_align64(uint64_t a) { return a > UINT64_MAX - 63 ? UINT64_MAX : (a + 63) & ~(uint64_t)63; }
+
+static const uint8_t *cb_entry(const uint8_t *blob, size_t i)
+{
+    return blob + CB_HEADER_FIXED + CB_ENTRY_BYTES * i;
+}
+
+static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 ? 2 : 1; }
+
+static uint64_t cb_n_tensors(const cb_model *m)
+{
+    uint64_t per_layer = cb_add(S_EXPERTS, cb_mul(3, m->n_experts));
+    return cb_add(cb_mul(m->n_layers, per_layer), m->tied ? 3 : 4);
+}
+
+/* f32 elements of each arena buffer (FORMAT.md "Arena") */
+static void cb_buffer_elems(const cb_model *m, uint64_t n[CB_N_BUFFERS])
+{
+    uint64_t kv = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_mul(m->n_kv_heads, m->head_dim));
+    uint64_t qdim = (uint64_t)m->n_heads * m->head_dim;
+    n[B_KEY] = n[B_VALUE] = kv;
+    n[B_X] = n[B_XB] = n[B_MOE] = m->hidden;
+    n[B_Q] = n[B_ATT] = qdim;
+    n[B_SCORES] = m->max_seq;
+    n[B_ROUTER] = m->n_experts;
+    n[B_GATE] = n[B_UP] = m->ffn;
+}
+
+/* ------------------------------------------------------------ validation */
+
+#define CB_TRY(call) do { colibri_status st_ = (call); if (st_ != COLIBRI_OK) return st_; } while (0)
+
+static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
+{
+    if ((uintptr_t)b % CB_ALIGN != 0)
+        return COLIBRI_E_BLOB_ALIGN;
+    if (len < CB_HEADER_FIXED)
+        return COLIBRI_E_TRUNCATED;
+    if (rd32(b) != CB_MAGIC)
+        return COLIBRI_E_BAD_MAGIC;
+    if (rd16(b + 4) != CB_VERSION_MAJOR)
+        return COLIBRI_E_VERSION; /* a newer minor only adds what an older reader may ignore */
+    uint64_t header_bytes = rd32(b + 12);
+    if (rd64(b + 16) != len || header_bytes > len
+        || header_bytes != cb_align64(CB_HEADER_FIXED + (uint64_t)CB_ENTRY_BYTES * rd32(b + 24)))
+        return COLIBRI_E_TRUNCATED;
+    if (cb_crc32(0, b + 12, len - 12) != rd32(b + 8))
+        return COLIBRI_E_CRC;
+
+    m->vocab = rd32(b + 36);
+    m->hidden = rd32(b + 40);
+    m->n_layers = rd32(b + 44);
+    m->n_heads = rd32(b + 48);
+    m->n_kv_heads = rd32(b + 52);
+    m->head_dim = rd32(b + 56);
+    m->ffn = rd32(b + 60);
+    m->n_experts = rd32(b + 64);
+    m->top_k = rd32(b + 68);
+    m->max_seq = rd32(b + 72);
+    memcpy(&m->rms_eps, b + 76, sizeof m->rms_eps);
+    uint32_t flags = rd32(b + 28);
+    m->tied = flags & CB_FLAG_TIED;
+    if (!m->vocab || !m->hidden || !m->n_layers || !m->n_heads || !m->n_kv_heads || !m->head_dim
+        || !m->ffn || !m->n_experts || !m->top_k || !m->max_seq)
+        return COLIBRI_E_BAD_HEADER;
+    if (m->n_heads % m->n_kv_heads || m->head_dim % 2 || m->top_k > m->n_experts || m->top_k > CB_MAX_TOP_K)
+        return COLIBRI_E_BAD_HEADER;
+    if (!(m->rms_eps >= 0.0f && m->rms_eps <= FLT_MAX)) /* also refuses NaN */
+        return COLIBRI_E_BAD_HEADER;
+    uint64_t elems[CB_N_BUFFERS];
+    cb_buffer_elems(m, elems);
+    /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
+    if (cb_mul(elems[B_KEY], 4) >= SIZE_MAX || cb_mul(elems[B_Q], 4) >= SIZE_MAX || rd64(b + 88) >= SIZE_MAX)
+        return COLIBRI_E_BAD_HEADER;
+    if (flags & ~CB_FLAG_TIED)
+        return COLIBRI_E_BAD_HEADER; /* an unknown flag may change the maths: refuse rather than guess */
+    if (rd32(b + 32) != CB_LAYOUT_ROWMAJOR16)
+        return COLIBRI_E_LAYOUT;
+#ifdef COLIBRI_SPECIALISED
+    if (m->vocab != COLIBRI_VOCAB || m->hidden != COLIBRI_HIDDEN || m->n_layers != COLIBRI_N_LAYERS
+        || m->n_heads != COLIBRI_N_HEADS || m->n_kv_heads != COLIBRI_N_KV_HEADS || m->head_dim != COLIBRI_HEAD_DIM
+        || m->ffn != COLIBRI_FFN || m->n_experts != COLIBRI_N_EXPERTS || m->top_k != COLIBRI_TOP_K
+        || m->max_seq != COLIBRI_MAX_SEQ || m->tied != COLIBRI_TIED_LM_HEAD)
+        return COLIBRI_E_MODEL_MISMATCH;
+#endif
+    return COLIBRI_OK;
+}
+
+/* Walks the tensor table in canonical order; `index` is the next entry. */
+typedef struct cb_walk {
+    const uint8_t *blob;
+    uint64_t blob_bytes, header_bytes;
+    size_t index;
+} cb_walk;
+
+static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, uint32_t expert,
+                                     uint64_t rows, uint64_t cols, unsigned dtypes)
+{
+    const uint8_t *e = cb_entry(w->blob, w->index++);
+    unsigned dtype = e[6], scale_dtype = e[7];
+    uint64_t stride = rd32(e + 16), group = rd32(e + 20), n_out = rd32(e + 24);
+    int quantised = dtype == CB_I8 || dtype == CB_I8C;
+
+    if (rd16(e) != kind || rd16(e + 2) != layer || rd16(e + 4) != expert || rd32(e + 8) != rows
+        || rd32(e + 12) != cols)
+        return COLIBRI_E_BAD_TENSOR;
+    if (dtype < CB_F32 || dtype > CB_I8C || !(dtypes & DT(dtype)))
+        return COLIBRI_E_BAD_TENSOR;
+    if (stride < cb_mul(cols, cb_elem_bytes(dtype)) || stride % CB_ROW_ALIGN != 0)
+        return COLIBRI_E_BAD_TENSOR;
+    /* group_size means nothing to F32/F16 and is not checked there */
+    if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || group > cols
+                  : scale_dtype != 0)
+        return COLIBRI_E_BAD_TENSOR;
+    if (n_out != 0 && dtype != CB_I8C)
+        return COLIBRI_E_BAD_TENSOR;
+
+    /* data, scales, outlier indices, outlier values: "0 if none", else 64-aligned and inside the payload */
+    uint64_t n_scales = quantised ? cb_mul(rows, cb_ceil_div(cols, group)) : 0;
+    uint64_t len[4] = {cb_mul(rows, stride), cb_mul(n_scales, cb_elem_bytes(scale_dtype)), n_out * 4, n_out * 2};
+    for (int i = 0; i < 4; i++) {
+        uint64_t off = rd64(e + 32 + 8 * i);
+        if (len[i] == 0 && off != 0)
+            return COLIBRI_E_BAD_TENSOR;
+        if (len[i] != 0 && (off % CB_ALIGN != 0 || off < w->header_bytes || cb_add(off, len[i]) > w->blob_bytes))
+            return COLIBRI_E_TENSOR_BOUNDS;
+    }
+    /* the kernels walk outliers in one sorted pass and index x with them */
+    const uint8_t *idx = w->blob + rd64(e + 48);
+    uint64_t n_weights = rows * cols;
+    for (uint64_t i = 0; i < n_out; i++) {
+        uint32_t v = rd32(idx + 4 * i);
+        if (v >= n_weights || (i > 0 && v <= rd32(idx + 4 * (i - 1))))
+            return COLIBRI_E_BAD_TENSOR;
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status cb_check_tensors(const uint8_t *b, uint64_t len, const cb_model *m)
+{
+    cb_walk w = {b, len, rd32(b + 12), 0};
+    uint64_t d = m->hidden, qdim = (uint64_t)m->n_heads * m->head_dim, kvdim = (uint64_t)m->n_kv_heads * m->head_dim;
+    if (rd32(b + 24) != cb_n_tensors(m))
+        return COLIBRI_E_BAD_TENSOR;
+    CB_TRY(cb_check_entry(&w, K_EMBED, 0, 0, m->vocab, d, DT_ANY));
+    CB_TRY(cb_check_entry(&w, K_ROPE_FREQ, 0, 0, 1, m->head_dim / 2, DT(CB_F32)));
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        CB_TRY(cb_check_entry(&w, K_ATTN_NORM, l, 0, 1, d, DT(CB_F32)));
+        CB_TRY(cb_check_entry(&w, K_WQ, l, 0, qdim, d, DT_ANY));
+        CB_TRY(cb_check_entry(&w, K_WK, l, 0, kvdim, d, DT_ANY));
+        CB_TRY(cb_check_entry(&w, K_WV, l, 0, kvdim, d, DT_ANY));
+        CB_TRY(cb_check_entry(&w, K_WO, l, 0, d, qdim, DT_ANY));
+        CB_TRY(cb_check_entry(&w, K_FFN_NORM, l, 0, 1, d, DT(CB_F32)));
+        CB_TRY(cb_check_entry(&w, K_ROUTER, l, 0, m->n_experts, d, DT(CB_F32) | DT(CB_F16)));
+        for (uint32_t e = 0; e < m->n_experts; e++) {
+            CB_TRY(cb_check_entry(&w, K_W_GATE, l, e, m->ffn, d, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_W_DOWN, l, e, d, m->ffn, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_W_UP, l, e, m->ffn, d, DT_ANY));
+        }
+    }
+    CB_TRY(cb_check_entry(&w, K_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
+    if (!m->tied)
+        CB_TRY(cb_check_entry(&w, K_LM_HEAD, 0, 0, m->vocab, d, DT_ANY));
+    return COLIBRI_OK;
+}
+
+static colibri_status cb_check_plan(const uint8_t *b, const cb_model *m)
+{
+    uint64_t arena = rd64(b + 88), off[CB_N_BUFFERS], bytes[CB_N_BUFFERS];
+    if (rd32(b + 84) != CB_N_BUFFERS)
+        return COLIBRI_E_BAD_PLAN;
+    cb_buffer_elems(m, bytes);
+    for (int i = 0; i < CB_N_BUFFERS; i++) {
+        off[i] = rd64(b + 96 + 8 * i);
+        bytes[i] = cb_mul(bytes[i], sizeof(float));
+        if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)
+            return COLIBRI_E_BAD_PLAN;
+    }
+    for (int i = 0; i < CB_N_BUFFERS; i++)
+        for (int j = i + 1; j < CB_N_BUFFERS; j++) {
+            int live_together = cb_lifetime[i][0] <= cb_lifetime[j][1] && cb_lifetime[j][0] <= cb_lifetime[i][1];
+            if (live_together && off[i] < off[j] + bytes[j] && off[j] < off[i] + bytes[i])
+                return COLIBRI_E_BAD_PLAN;
+        }
+    return COLIBRI_OK;
+}
+
+/* The whole blob check, in the order the status codes are documented to win. */
+static colibri_status cb_validate(const void *blob, size_t len, cb_model *m)
+{
+    const uint8_t *b = (const uint8_t *)blob;
+    CB_TRY(cb_check_header(b, len, m));
+    CB_TRY(cb_check_tensors(b, len, m));
+    return cb_check_plan(b, m);
+}
+
+/* ---------------------------------------------------------- forward pass */
+
+/* An entry of a validated blob as kernel arguments. */
+static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
+{
+    const uint8_t *e = cb_entry(c->blob, i);
+    uint64_t scale_off = rd64(e + 40), oidx_off = rd64(e + 48), oval_off = rd64(e + 56);
+    cb_tensor t = {
+        .data = c->blob + rd64(e + 32),
+        .scales = scale_off ? c->blob + scale_off : NULL,
+        .oidx = oidx_off ? (const uint32_t *)(const void *)(c->blob + oidx_off) : NULL,
+        .oval = oval_off ? (const uint16_t *)(const void *)(c->blob + oval_off) : NULL,
+        .rows = rd32(e + 8),
+        .cols = rd32(e + 12),
+        .row_stride = rd32(e + 16),
+        .group_size = rd32(e + 20),
+        .n_outliers = rd32(e + 24),
+        .dtype = e[6],
+        .scale_dtype = e[7],
+    };
+    t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
+    return t;
+}
+
+static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n tensor */
+{
+    return (const float *)(const void *)(c->blob + rd64(cb_entry(c->blob, i) + 32));
+}
+
+static void cb_mv(const colibri_ctx *c, size_t i, const float *x, float *y, float alpha, int accumulate)
+{
+    cb_tensor t = cb_tensor_at(c, i);
+    cb_matvec(&t, x, y, alpha, accumulate);
+}
+
+static size_t cb_layer_base(const colibri_ctx *c, size_t l) /* also the FINAL_NORM index for l = n_layers */
+{
+    return 2 + l * (S_EXPERTS + 3 * CB_N_EXPERTS(c));
+}
+
+static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float ss = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    float inv = 1.0f / cb_sqrtf(ss / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * w[i];
+}
+
+static void cb_softmax(float *v, size_t n)
+{
+    float max = v[0], sum = 0.0f;
+    for (size_t i = 1; i < n; i++)
+        if (v[i] > max)
+            max = v[i];
+    for (size_t i = 0; i < n; i++) {
+        v[i] = cb_expf(v[i] - max);
+        sum += v[i];
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] /= sum;
+}
+
+/* HF rotate_half: dimension i pairs with i + head_dim/2, not with its neighbour.
+ * One angle per frequency serves every query and key head. */
+static void cb_rotary(float *q, size_t n_q, float *k, size_t n_k, size_t hd, const float *inv_freq, size_t pos)
+{
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float angle = inv_freq[i] * (float)pos;
+        float cs = cb_cosf(angle), sn = cb_sinf(angle);
+        for (size_t h = 0; h < n_q + n_k; h++) {
+            float *v = h < n_q ? q + h * hd : k + (h - n_q) * hd;
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs - b * sn;
+            v[i + half] = b * cs + a * sn;
+        }
+    }
+}
+
+/* step 3: causal attention of position pos over the cached keys/values 0..pos */
+static void cb_attention(colibri_ctx *c, size_t l, size_t pos)
+{
+    const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
+    const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
+    const float *keys = c->buf[B_KEY] + l * CB_MAX_SEQ(c) * kvdim;
+    const float *values = c->buf[B_VALUE] + l * CB_MAX_SEQ(c) * kvdim;
+    const float scale = 1.0f / cb_sqrtf((float)hd);
+    float *scores = c->buf[B_SCORES];
+    for (size_t h = 0; h < n_heads; h++) {
+        const float *q = c->buf[B_Q] + h * hd;
+        float *att = c->buf[B_ATT] + h * hd;
+        size_t kv = (h / group) * hd;
+        for (size_t t = 0; t <= pos; t++)
+            scores[t] = cb_dot(q, keys + t * kvdim + kv, hd) * scale;
+        cb_softmax(scores, pos + 1);
+        memset(att, 0, hd * sizeof *att);
+        for (size_t t = 0; t <= pos; t++) {
+            const float *v = values + t * kvdim + kv;
+            for (size_t i = 0; i < hd; i++)
+                att[i] += scores[t] * v[i];
+        }
+    }
+}
+
+static int cb_chosen(const size_t *chosen, size_t n, size_t e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (chosen[i] == e)
+            return 1;
+    return 0;
+}
+
+/* steps 7-9: route xb to top_k experts and add their weighted sum to x */
+static void cb_moe(colibri_ctx *c, size_t base)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c), dim = CB_HIDDEN(c), ffn = CB_FFN(c);
+    float *probs = c->buf[B_ROUTER], *gate = c->buf[B_GATE], *up = c->buf[B_UP], *moe = c->buf[B_MOE];
+    const float *xb = c->buf[B_XB];
+    size_t chosen[CB_MAX_TOP_K];
+    float weight[CB_MAX_TOP_K], sum = 0.0f;
+
+    cb_mv(c, base + S_ROUTER, xb, probs, 1.0f, 0);
+    cb_softmax(probs, n_exp);
+    /* top_k by probability, ties to the lower index; NaNs still yield k distinct experts */
+    for (size_t k = 0; k < top_k; k++) {
+        size_t best = n_exp;
+        for (size_t e = 0; e < n_exp; e++)
+            if (!cb_chosen(chosen, k, e) && (best == n_exp || probs[e] > probs[best]))
+                best = e;
+        chosen[k] = best;
+        weight[k] = probs[best];
+        sum += weight[k]; /* summed in rank order, as torch sums the topk output */
+    }
+    /* experts run in increasing index order, the order HF accumulates them in */
+    for (size_t k = 1; k < top_k; k++)
+        for (size_t j = k; j > 0 && chosen[j - 1] > chosen[j]; j--) {
+            size_t e = chosen[j];
+            float w = weight[j];
+            chosen[j] = chosen[j - 1];
+            weight[j] = weight[j - 1];
+            chosen[j - 1] = e;
+            weight[j - 1] = w;
+        }
+
+    memset(moe, 0, dim * sizeof *moe);
+    for (size_t k = 0; k < top_k; k++) {
+        size_t ex = base + S_EXPERTS + 3 * chosen[k];
+        cb_mv(c, ex + X_GATE, xb, gate, 1.0f, 0);
+        cb_mv(c, ex + X_UP, xb, up, 1.0f, 0);
+        for (size_t i = 0; i < ffn; i++)
+            gate[i] = gate[i] / (1.0f + cb_expf(-gate[i])) * up[i]; /* silu(gate) * up */
+        cb_mv(c, ex + X_DOWN, gate, moe, weight[k] / sum, 1);
+    }
+    float *x = c->buf[B_X];
+    for (size_t i = 0; i < dim; i++)
+        x[i] += moe[i];
+}
+
+/* One token at position pos through every layer; leaves the residual in x. */
+static void cb_token(colibri_ctx *c, int32_t token, size_t pos)
+{
+    const size_t dim = CB_HIDDEN(c), hd = CB_HEAD_DIM(c), kvdim = CB_N_KV_HEADS(c) * hd;
+    const float eps = c->m.rms_eps;
+    float *x = c->buf[B_X], *xb = c->buf[B_XB];
+    cb_tensor embed = cb_tensor_at(c, 0);
+    cb_dequant_row(&embed, (size_t)token, x);
+    for (size_t l = 0; l < CB_N_LAYERS(c); l++) {
+        const size_t base = cb_layer_base(c, l);
+        float *k = c->buf[B_KEY] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
+        float *v = c->buf[B_VALUE] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
+        cb_rmsnorm(xb, x, cb_vector(c, base + S_ATTN_NORM), dim, eps);         /* 0 */
+        cb_mv(c, base + S_WQ, xb, c->buf[B_Q], 1.0f, 0);                       /* 1: k, v straight */
+        cb_mv(c, base + S_WK, xb, k, 1.0f, 0);                                 /*    into the cache */
+        cb_mv(c, base + S_WV, xb, v, 1.0f, 0);
+        cb_rotary(c->buf[B_Q], CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, 1), pos); /* 2 */
+        cb_attention(c, l, pos);                                               /* 3 */
+        cb_mv(c, base + S_WO, c->buf[B_ATT], x, 1.0f, 1);                      /* 4: x += Wo att */
+        cb_rmsnorm(xb, x, cb_vector(c, base + S_FFN_NORM), dim, eps);          /* 6 */
+        cb_moe(c, base);                                                       /* 7, 8, 9 */
+    }
+}
+
+/* ------------------------------------------------------------------- API */
+
+static int cb_ready(const colibri_ctx *c)
+{
+    return c->magic == CB_CTX_MAGIC && c->self == c;
+}
+
+colibri_status colibri_arena_bytes(const void *blob, size_t blob_len, size_t *out_bytes)
+{
+    cb_model m;
+    if (!blob || !out_bytes)
+        return COLIBRI_E_NULL;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    *out_bytes = (size_t)rd64((const uint8_t *)blob + 88);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len, const void *blob, size_t blob_len)
+{
+    cb_model m;
+    if (!out_ctx)
+        return COLIBRI_E_NULL;
+    *out_ctx = NULL;
+    if (!arena || !blob)
+        return COLIBRI_E_NULL;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    const uint8_t *b = (const uint8_t *)blob;
+    uint64_t arena_bytes = rd64(b + 88);
+    if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN != 0)
+        return COLIBRI_E_ARENA_ALIGN;
+    if (arena_len < arena_bytes)
+        return COLIBRI_E_ARENA_SMALL;
+
+    colibri_ctx *c = (colibri_ctx *)arena; /* the arena is untouched until here: a live context in it survives errors */
+    memset(c, 0, sizeof *c);
+    c->blob = b;
+    c->blob_bytes = blob_len;
+    c->arena_bytes = arena_bytes;
+    c->m = m;
+    for (int i = 0; i < CB_N_BUFFERS; i++)
+        c->buf[i] = (float *)(void *)((uint8_t *)arena + rd64(b + 96 + 8 * i));
+    c->self = c;
+    c->magic = CB_CTX_MAGIC;
+    *out_ctx = c;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n_tokens, float *logits,
+                               size_t logits_len)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    if (!tokens)
+        return COLIBRI_E_NULL;
+    if (n_tokens == 0)
+        return COLIBRI_E_ARG;
+    /* every check before the first write, so an error changes nothing; the length
+     * ones first, so a wrong n_tokens is caught before tokens[] is read past max_seq */
+    if (n_tokens > CB_MAX_SEQ(ctx) - ctx->n_past)
+        return COLIBRI_E_SEQ_FULL;
+    if (logits && logits_len < CB_VOCAB(ctx))
+        return COLIBRI_E_ARG;
+    for (size_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || (size_t)tokens[i] >= CB_VOCAB(ctx))
+            return COLIBRI_E_TOKEN;
+
+    for (size_t i = 0; i < n_tokens; i++, ctx->n_past++)
+        cb_token(ctx, tokens[i], ctx->n_past);
+    if (logits) {
+        size_t final_norm = cb_layer_base(ctx, CB_N_LAYERS(ctx));
+        cb_rmsnorm(ctx->buf[B_XB], ctx->buf[B_X], cb_vector(ctx, final_norm), CB_HIDDEN(ctx), ctx->m.rms_eps); /* 10 */
+        cb_mv(ctx, CB_TIED(ctx) ? 0 : final_norm + 1, ctx->buf[B_XB], logits, 1.0f, 0);                     /* 11 */
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_reset(colibri_ctx *ctx)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    ctx->n_past = 0; /* stale cache rows past n_past are never read */
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_info(const colibri_ctx *ctx, colibri_model_info *info)
+{
+    if (!ctx || !info)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    if (info->struct_size < sizeof *info)
+        return COLIBRI_E_ARG; /* no caller predates the first version; a larger struct keeps its tail */
+    uint32_t size = info->struct_size;
+    memset(info, 0, sizeof *info);
+    info->struct_size = size;
+    info->abi_version = COLIBRI_ABI_VERSION;
+    info->vocab = ctx->m.vocab;
+    info->hidden = ctx->m.hidden;
+    info->n_layers = ctx->m.n_layers;
+    info->n_experts = ctx->m.n_experts;
+    info->top_k = ctx->m.top_k;
+    info->max_seq = ctx->m.max_seq;
+    info->n_past = ctx->n_past;
+    info->arena_bytes = ctx->arena_bytes;
+    info->blob_bytes = ctx->blob_bytes;
+    return COLIBRI_OK;
+}
+
+const char *colibri_strerror(colibri_status status)
+{
+    switch (status) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_E_NULL: return "a required pointer argument is NULL";
+    case COLIBRI_E_BAD_MAGIC: return "not a colibri model blob (bad magic)";
+    case COLIBRI_E_VERSION: return "unsupported blob format version";
+    case COLIBRI_E_TRUNCATED: return "blob truncated or its length does not match its header";
+    case COLIBRI_E_CRC: return "blob CRC-32 mismatch (corrupted)";
+    case COLIBRI_E_BAD_HEADER: return "blob header has zero, inconsistent or overflowing dimensions";
+    case COLIBRI_E_TENSOR_BOUNDS: return "a tensor lies outside the blob or is misaligned";
+    case COLIBRI_E_BAD_TENSOR: return "a tensor has the wrong kind, shape, dtype or contents";
+    case COLIBRI_E_LAYOUT: return "weight layout not supported by this build";
+    case COLIBRI_E_BLOB_ALIGN: return "blob pointer is not 64-byte aligned";
+    case COLIBRI_E_ARENA_ALIGN: return "arena pointer is not 64-byte aligned";
+    case COLIBRI_E_ARENA_SMALL: return "arena smaller than the model needs";
+    case COLIBRI_E_BAD_PLAN: return "arena plan in the blob overlaps live buffers or overflows";
+    case COLIBRI_E_MODEL_MISMATCH: return "blob is of another model than this specialised build";
+    case COLIBRI_E_NOT_INIT: return "context not initialised by colibri_init";
+    case COLIBRI_E_TOKEN: return "token id outside the vocabulary";
+    case COLIBRI_E_SEQ_FULL: return "sequence would exceed max_seq positions";
+    case COLIBRI_E_ARG: return "bad argument (no tokens, or logits buffer shorter than vocab)";
+    }
+    return "unknown colibri status";
+}

@@ -1,0 +1,35 @@
+/*
+ * kernels.h - scalar matrix-vector kernels over the blob's weight formats.
+ *
+ * The reference implementation every ISA-specific path is tested against:
+ * plain loops, one output row at a time, summed in input order.
+ */
+#ifndef CB_KERNELS_H
+#define CB_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4 }; /* weight and scale dtypes, as in FORMAT.md */
+
+/* One validated weight matrix, pointers into the blob. W[r][c] =
+ * scale[r][c / group_size] * q[r][c] (I8, I8C), plus oval[i] at flat index
+ * oidx[i] (I8C); F32 and F16 are stored as is. */
+typedef struct cb_tensor {
+    const uint8_t *data;   /* rows * row_stride bytes */
+    const uint8_t *scales; /* rows * n_groups scales of scale_dtype (I8, I8C) */
+    const uint32_t *oidx;  /* n_outliers flat indices row*cols + col, strictly increasing */
+    const uint16_t *oval;  /* n_outliers f16 corrections */
+    uint32_t rows, cols, row_stride, group_size, n_groups, n_outliers;
+    uint8_t dtype, scale_dtype;
+} cb_tensor;
+
+float cb_dot(const float *a, const float *b, size_t n);
+
+/* y[r] = (accumulate ? y[r] : 0) + alpha * (W x)[r]. x has cols, y rows elements; they must not overlap. */
+void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);
+
+/* out[c] = W[r][c]: one dequantized row (the embedding lookup). */
+void cb_dequant_row(const cb_tensor *t, size_t r, float *out);
+
+#endif /* CB_KERNELS_H */
