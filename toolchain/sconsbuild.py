@@ -159,9 +159,12 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     run = demo_env.Program(str(out / "colibri_run"),
                            [demo_env.Object(str(obj / "colibri_run"), str(ROOT / "runtime_c/demo/colibri_run.c")),
                             common] + generic_objs, LIBS=["m"])
+    dl_env = env.Clone(LINKFLAGS=env["LINKFLAGS"] + ["-Wl,--gc-sections"])
+    dl_main = dl_env.Object(str(obj / "colibri_demo_dl"), str(ROOT / "runtime_c/demo/colibri_demo_dl.c"))
+    demo_dl = dl_env.Program(str(out / "colibri_demo_dl"), [dl_main, common], LIBS=["dl"])
     blob = env.Command(str(out / "model.bin"), gen["model.bin"], Copy("$TARGET", "$SOURCE"))
     manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], Copy("$TARGET", "$SOURCE"))
-    return [lib_a, lib_so, generic_so, headers, pc, demo, run, blob, manifest]
+    return [lib_a, lib_so, generic_so, headers, pc, demo, demo_dl, run, blob, manifest]
 
 
 def build_all(arguments: dict) -> None:
@@ -194,6 +197,13 @@ def build_all(arguments: dict) -> None:
         suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
         out = build / f"{t.name}{suffix}" / name
         env = _target_env(base, t, sanitize)
+        if t.kind == "firmware":
+            if sanitize:
+                _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
+            from .firmware import firmware_outputs
+
+            outputs += firmware_outputs(env, t, name, gen, out)
+            continue
         if t.kind != "linux":
             _fail(f"target {t.name}: kind {t.kind!r} is not built by this version")
         outputs += _linux_outputs(env, t, name, gen, out, static_exe=not sanitize)

@@ -22,6 +22,7 @@ int main(int argc, char **argv)
     static demo_args a;
     static const int32_t default_tokens[] = COLIBRI_DEFAULT_PROMPT;
     static float logits[COLIBRI_VOCAB], prompt_logits[COLIBRI_VOCAB];
+    static const demo_api api = DEMO_LINKED_API;
     int rc = demo_parse(argc, argv, PROG, 0, default_tokens, COLIBRI_DEFAULT_PROMPT_LEN,
                         COLIBRI_DEFAULT_GENERATE, &a);
     if (rc != DEMO_CONTINUE)
@@ -29,6 +30,6 @@ int main(int argc, char **argv)
     colibri_ctx *ctx;
     colibri_status st = colibri_model_open(&ctx);
     if (st != COLIBRI_OK)
-        return demo_fail(PROG, NAME, st);
-    return demo_run(ctx, &a, logits, prompt_logits, COLIBRI_VOCAB, PROG, NAME);
+        return demo_fail(&api, PROG, NAME, st);
+    return demo_run(&api, ctx, &a, logits, prompt_logits, COLIBRI_VOCAB, PROG, NAME);
 }

@@ -23,22 +23,11 @@
 
 #define PROG "colibri_run"
 
-static void *map_anon(size_t bytes) /* page-aligned, so 64-byte aligned; zeroed */
-{
-    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-static int io_error(const char *name, const char *what)
-{
-    fprintf(stderr, PROG ": %s: %s\n", name, what);
-    return 1;
-}
-
 int main(int argc, char **argv)
 {
     static demo_args a;
     static const int32_t default_tokens[] = {1, 2, 3};
+    static const demo_api api = DEMO_LINKED_API;
     int rc = demo_parse(argc, argv, PROG, 1, default_tokens, 3, 16, &a);
     if (rc != DEMO_CONTINUE)
         return rc;
@@ -46,30 +35,14 @@ int main(int argc, char **argv)
     int fd = open(a.model, O_RDONLY);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0)
-        return io_error(a.model, strerror(errno));
+        return demo_io_error(PROG, a.model, strerror(errno));
     if ((uintmax_t)sb.st_size > SIZE_MAX)
-        return io_error(a.model, "file larger than the address space");
+        return demo_io_error(PROG, a.model, "file larger than the address space");
     size_t len = (size_t)sb.st_size;
     /* an empty file cannot be mapped; hand colibri an empty blob so it reports E_TRUNCATED */
-    void *blob = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : map_anon(0);
+    void *blob = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : demo_map_anon(0);
     close(fd);
     if (!blob || blob == MAP_FAILED)
-        return io_error(a.model, strerror(errno));
-
-    size_t arena_bytes;
-    colibri_status st = colibri_arena_bytes(blob, len, &arena_bytes);
-    if (st != COLIBRI_OK)
-        return demo_fail(PROG, a.model, st);
-    void *arena = map_anon(arena_bytes);
-    if (!arena)
-        return io_error(a.model, "cannot map the arena");
-    colibri_ctx *ctx;
-    colibri_model_info info = {.struct_size = sizeof info};
-    if ((st = colibri_init(&ctx, arena, arena_bytes, blob, len)) != COLIBRI_OK
-        || (st = colibri_info(ctx, &info)) != COLIBRI_OK)
-        return demo_fail(PROG, a.model, st);
-    float *logits = map_anon(2 * (size_t)info.vocab * sizeof(float));
-    if (!logits)
-        return io_error(a.model, "cannot map the logits");
-    return demo_run(ctx, &a, logits, logits + info.vocab, info.vocab, PROG, a.model);
+        return demo_io_error(PROG, a.model, strerror(errno));
+    return demo_start(&api, blob, len, &a, PROG, a.model);
 }

@@ -1,7 +1,10 @@
 /* demo_common.c - see demo_common.h. Programs, not the runtime: libc is fine here. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
 
 #include "demo_common.h"
+
+#include <sys/mman.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -96,10 +99,43 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
     return DEMO_CONTINUE;
 }
 
-int demo_fail(const char *prog, const char *name, colibri_status st)
+int demo_fail(const demo_api *api, const char *prog, const char *name, colibri_status st)
 {
-    fprintf(stderr, "%s: %s: %s (status %d)\n", prog, name, colibri_strerror(st), (int)st);
+    fprintf(stderr, "%s: %s: %s (status %d)\n", prog, name, api->strerror(st), (int)st);
     return 3;
+}
+
+int demo_io_error(const char *prog, const char *name, const char *what)
+{
+    fprintf(stderr, "%s: %s: %s\n", prog, name, what);
+    return 1;
+}
+
+void *demo_map_anon(size_t len)
+{
+    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
+               const char *name)
+{
+    size_t arena_bytes;
+    colibri_status st = api->arena_bytes(blob, blob_len, &arena_bytes);
+    if (st != COLIBRI_OK)
+        return demo_fail(api, prog, name, st);
+    void *arena = demo_map_anon(arena_bytes);
+    if (!arena)
+        return demo_io_error(prog, name, "cannot map the arena");
+    colibri_ctx *ctx;
+    colibri_model_info info = {.struct_size = sizeof info};
+    if ((st = api->init(&ctx, arena, arena_bytes, blob, blob_len)) != COLIBRI_OK
+        || (st = api->info(ctx, &info)) != COLIBRI_OK)
+        return demo_fail(api, prog, name, st);
+    float *logits = demo_map_anon(2 * (size_t)info.vocab * sizeof(float));
+    if (!logits)
+        return demo_io_error(prog, name, "cannot map the logits");
+    return demo_run(api, ctx, a, logits, logits + info.vocab, info.vocab, prog, name);
 }
 
 static int32_t demo_argmax(const float *v, size_t n) /* the first of equal maxima, as numpy's argmax */
@@ -118,12 +154,12 @@ static double demo_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-int demo_run(colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits, size_t vocab,
-             const char *prog, const char *name)
+int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
+             size_t vocab, const char *prog, const char *name)
 {
-    colibri_status st = colibri_forward(ctx, a->tokens, a->n_tokens, logits, vocab);
+    colibri_status st = api->forward(ctx, a->tokens, a->n_tokens, logits, vocab);
     if (st != COLIBRI_OK)
-        return demo_fail(prog, name, st);
+        return demo_fail(api, prog, name, st);
     memcpy(prompt_logits, logits, vocab * sizeof *logits);
 
     /* token i comes from the logits of token i-1, so n tokens take n-1 decode steps */
@@ -137,12 +173,12 @@ int demo_run(colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_
         if (i + 1 == a->generate)
             break;
         double t0 = demo_now();
-        st = colibri_forward(ctx, &next, 1, logits, vocab);
+        st = api->forward(ctx, &next, 1, logits, vocab);
         seconds += demo_now() - t0;
         steps++;
         if (st != COLIBRI_OK) {
             printf("\n");
-            return demo_fail(prog, name, st);
+            return demo_fail(api, prog, name, st);
         }
     }
     printf("\ntok/s: %.2f\n", seconds > 0.0 ? (double)steps / seconds : 0.0);

@@ -19,6 +19,17 @@
 #define DEMO_MAX_TOKENS 4096
 #define DEMO_CONTINUE (-1)
 
+/* The runtime entry points the demos call: linked in, or looked up with dlsym. */
+typedef struct demo_api {
+    colibri_status (*arena_bytes)(const void *blob, size_t blob_len, size_t *out_bytes);
+    colibri_status (*init)(colibri_ctx **ctx, void *arena, size_t arena_len, const void *blob, size_t blob_len);
+    colibri_status (*forward)(colibri_ctx *ctx, const int32_t *tokens, size_t n, float *logits, size_t len);
+    colibri_status (*info)(const colibri_ctx *ctx, colibri_model_info *info);
+    const char *(*strerror)(colibri_status status);
+} demo_api;
+
+#define DEMO_LINKED_API {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror}
+
 typedef struct demo_args {
     const char *model; /* MODEL.bin, when the program takes one */
     size_t n_tokens;
@@ -34,10 +45,21 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
 
 /* Prefill of a->tokens, then greedy decoding; prints the results. logits and
  * prompt_logits each hold vocab floats. Returns the exit status. */
-int demo_run(colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits, size_t vocab,
-             const char *prog, const char *name);
+int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
+             size_t vocab, const char *prog, const char *name);
+
+/* Maps an arena of exactly the size the blob needs (mmap, no malloc), inits a
+ * context on it and runs demo_run. Returns the exit status. */
+int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
+               const char *name);
+
+/* Maps len bytes of zeroed, page-aligned memory; NULL on failure. */
+void *demo_map_anon(size_t len);
 
 /* "prog: name: <colibri_strerror> (status N)" on stderr; returns 3. */
-int demo_fail(const char *prog, const char *name, colibri_status st);
+int demo_fail(const demo_api *api, const char *prog, const char *name, colibri_status st);
+
+/* "prog: name: what" on stderr; returns 1. */
+int demo_io_error(const char *prog, const char *name, const char *what);
 
 #endif /* DEMO_COMMON_H */
