@@ -26,7 +26,7 @@ from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
 RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
-DEMO_COMMON = "runtime_c/demo/demo_common.c"
+DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "build/models/tiny_mixtral"
 DEFAULT_SYNTH = {
     "arch": "mixtral", "layers": 2, "hidden": 64, "ffn": 128, "heads": 8, "kv_heads": 2, "experts": 4,
@@ -129,42 +129,73 @@ def _pkgconfig_action(target, source, env):  # noqa: ARG001
     return 0
 
 
+class _Objects:
+    """Compiles sources to objects and records each command for compile_commands.json.
+
+    SCons' own compilation_db tool rebuilds its output on every run; recording the
+    commands here keeps a null build doing nothing."""
+
+    def __init__(self, objdir: Path):
+        self.objdir = objdir
+        self.entries: list[dict] = []
+
+    def __call__(self, env, stem: str, source: str, shared: bool = False, **overrides) -> list:
+        builder = env.SharedObject if shared else env.Object
+        nodes = builder(str(self.objdir / stem), source, **overrides)
+        com = "$ASPPCOM" if source.endswith(".S") else ("$SHCCCOM" if shared else "$CCCOM")
+        cmd = env.Override(overrides).subst(com, target=nodes, source=env.File(source))
+        self.entries.append({"directory": str(ROOT), "file": source, "output": str(nodes[0]), "command": cmd})
+        return nodes
+
+    def database(self, env, path: Path):
+        text = json.dumps(self.entries, indent=1, sort_keys=True) + "\n"
+        return env.Command(str(path), Value(text), _write_value_action)
+
+
+def _write_value_action(target, source, env):  # noqa: ARG001
+    Path(str(target[0])).write_text(source[0].read())
+    return 0
+
+
 def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: bool) -> list:
-    obj = out / "obj"
+    objs = _Objects(out / "obj")
     inc = str(Path(gen["model.h"]).parent)
     spec_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"], CPPPATH=env["CPPPATH"] + [inc])
     gen_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING"])
-    spec_objs = [spec_env.SharedObject(str(obj / "spec" / Path(s).stem), str(ROOT / "runtime_c/src" / s))
-                 for s in RUNTIME_SRC]
-    generic_objs = [gen_env.SharedObject(str(obj / "generic" / Path(s).stem), str(ROOT / "runtime_c/src" / s))
+    src = ROOT / "runtime_c"
+    spec_objs = [objs(spec_env, f"spec/{Path(s).stem}", str(src / "src" / s), shared=True) for s in RUNTIME_SRC]
+    generic_objs = [objs(gen_env, f"generic/{Path(s).stem}", str(src / "src" / s), shared=True)
                     for s in RUNTIME_SRC]
-    model_objs = [spec_env.SharedObject(str(obj / "model"), gen["model.c"]),
-                  spec_env.SharedObject(str(obj / "model_blob"), gen["model_blob.S"],
-                                        ASPPFLAGS=[f"-Wa,-I{inc}"])]
+    model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
+                  objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
+                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{inc}"])]
     env.Depends(model_objs[1], gen["model.bin"])
-    soflags = ["-shared", f"-Wl,--version-script={ROOT / 'runtime_c/colibri.map'}",
+    soflags = ["-shared", f"-Wl,--version-script={src / 'colibri.map'}",
                "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
     lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
-    headers = [env.Command(str(out / "include" / h), src, Copy("$TARGET", "$SOURCE"))
-               for h, src in (("colibri.h", str(ROOT / "runtime_c/include/colibri.h")), ("model.h", gen["model.h"]))]
+    headers = [env.Command(str(out / "include" / h), path, Copy("$TARGET", "$SOURCE"))
+               for h, path in (("colibri.h", str(src / "include/colibri.h")), ("model.h", gen["model.h"]))]
     pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), _pkgconfig_action, COLIBRI_MODEL=name)
     exe_flags = ["-static"] if static_exe else []
     demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [inc], LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
-    common = demo_env.Object(str(obj / "demo_common"), str(ROOT / DEMO_COMMON))
+    common = objs(demo_env, "demo_common", str(src / DEMO_COMMON))
     demo = demo_env.Program(str(out / "colibri_demo"),
-                            [demo_env.Object(str(obj / "colibri_demo"), str(ROOT / "runtime_c/demo/colibri_demo.c")),
-                             common, lib_a], LIBS=["m"])
+                            [objs(demo_env, "colibri_demo", str(src / "demo/colibri_demo.c")), common, lib_a],
+                            LIBS=["m"])
     run = demo_env.Program(str(out / "colibri_run"),
-                           [demo_env.Object(str(obj / "colibri_run"), str(ROOT / "runtime_c/demo/colibri_run.c")),
-                            common] + generic_objs, LIBS=["m"])
+                           [objs(demo_env, "colibri_run", str(src / "demo/colibri_run.c")), common] + generic_objs,
+                           LIBS=["m"])
+    # dlopen needs a dynamically linked program
     dl_env = env.Clone(LINKFLAGS=env["LINKFLAGS"] + ["-Wl,--gc-sections"])
-    dl_main = dl_env.Object(str(obj / "colibri_demo_dl"), str(ROOT / "runtime_c/demo/colibri_demo_dl.c"))
-    demo_dl = dl_env.Program(str(out / "colibri_demo_dl"), [dl_main, common], LIBS=["dl"])
+    demo_dl = dl_env.Program(str(out / "colibri_demo_dl"),
+                             [objs(dl_env, "colibri_demo_dl", str(src / "demo/colibri_demo_dl.c")), common],
+                             LIBS=["dl"])
     blob = env.Command(str(out / "model.bin"), gen["model.bin"], Copy("$TARGET", "$SOURCE"))
     manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], Copy("$TARGET", "$SOURCE"))
-    return [lib_a, lib_so, generic_so, headers, pc, demo, demo_dl, run, blob, manifest]
+    compile_db = objs.database(env, out / "compile_commands.json")
+    return [lib_a, lib_so, generic_so, headers, pc, demo, demo_dl, run, blob, manifest, compile_db]
 
 
 def build_all(arguments: dict) -> None:
@@ -190,7 +221,7 @@ def build_all(arguments: dict) -> None:
     if arguments.get("CACHE"):
         CacheDir(arguments["CACHE"])
     build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
-    base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default", "compilation_db"])
+    base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     gen = _export(base, ckpt, build / "gen" / name / quant, opts)
     outputs = []
     for t in _targets(target_arg):
@@ -207,7 +238,5 @@ def build_all(arguments: dict) -> None:
         if t.kind != "linux":
             _fail(f"target {t.name}: kind {t.kind!r} is not built by this version")
         outputs += _linux_outputs(env, t, name, gen, out, static_exe=not sanitize)
-        outputs.append(env.CompilationDatabase(str(out / "compile_commands.json"),
-                                              COMPILATIONDB_PATH_FILTER=f"{out}/*"))
     if not COMMAND_LINE_TARGETS:
         Default(outputs)
