@@ -1,0 +1,60 @@
+/*
+ * board.c - board support for RV32 in machine mode: semihosting console and
+ * exit status, and the retired-instruction counter (minstret).
+ */
+#include "board.h"
+
+long board_semihost(long op, const void *arg); /* startup.S */
+_Noreturn void board_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval);
+
+void board_puts(const char *s)
+{
+    board_semihost(0x04, s); /* SYS_WRITE0 */
+}
+
+_Noreturn void board_exit(int status)
+{
+    /* SYS_EXIT_EXTENDED: on RV32, SYS_EXIT cannot carry a status, this can. */
+    const uint32_t block[2] = {0x20026u /* ADP_Stopped_ApplicationExit */, (uint32_t)status};
+    board_semihost(0x20, block);
+    for (;;)
+        __asm__ volatile("wfi");
+}
+
+_Noreturn void board_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval)
+{
+    board_puts("\nfault: mcause ");
+    board_put_dec(mcause);
+    board_puts(" at ");
+    board_put_hex(mepc);
+    board_puts(", mtval ");
+    board_put_hex(mtval);
+    board_puts("\n");
+    board_exit(4);
+}
+
+/* minstret counts retired instructions on hardware and, with QEMU -icount,
+ * exactly in emulation too (mcycle would read the same there). */
+const char board_counter_name[] = "instructions";
+static uint64_t board_counter_base;
+
+static uint64_t board_instret(void)
+{
+    uint32_t hi, lo, hi2;
+    do {
+        __asm__ volatile("csrr %0, minstreth" : "=r"(hi));
+        __asm__ volatile("csrr %0, minstret" : "=r"(lo));
+        __asm__ volatile("csrr %0, minstreth" : "=r"(hi2));
+    } while (hi != hi2);
+    return (uint64_t)hi << 32 | lo;
+}
+
+void board_counter_start(void)
+{
+    board_counter_base = board_instret();
+}
+
+uint64_t board_counter(void)
+{
+    return board_instret() - board_counter_base;
+}

@@ -1,0 +1,538 @@
+"""Firmware images: a model in a microcontroller's flash, its arena in SRAM, no OS, no heap.
+
+A firmware target (targets/<name>.toml, kind = "firmware") describes the real part:
+`[[memory]]` regions, a `[placement]` of vectors/text/model/rodata/stack/data/bss/arena
+into them, `[budget]` flash/ram and `stack_bytes`. When the QEMU machine that boots the
+image has another map, `qemu_memory` (and optionally `qemu_placement`) give a second
+variant: both linker scripts come from firmware_examples/firmware.ld.j2.
+
+firmware_outputs() adds to the SCons graph, under build/<target>/<model>/:
+  <model>.ld, <model>.elf/.map/.bin/.hex, <model>.size.json   the part
+  <model>-qemu.ld, <model>-qemu.elf/.map                      the image QEMU boots
+The link step refuses (one line, no image left behind) a stack reservation below the
+computed bound, a region overflow and a flash/RAM budget overrun.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from .targets import ROOT, Target, TargetError
+
+FW_DIR = ROOT / "firmware_examples"
+TEMPLATE = "firmware.ld.j2"
+RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
+PLACEMENT_KEYS = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
+FAMILIES = {
+    # app sources, entry symbol, stack roots: the reset path, then exception handlers
+    "cortex-m": {"sources": ("cortex-m/startup.c",), "entry": "Reset_Handler",
+                 "reset": ("Reset_Handler",), "handlers": ("SysTick_Handler", "Fault_Handler"),
+                 # exception entry pushes 8 words, 26 + alignment with FP context (lazy stacking)
+                 "exception_frame": 112},
+    "riscv": {"sources": ("riscv/startup.S", "riscv/board.c"), "entry": "_start",
+              "reset": ("board_boot", "main", "board_exit"), "handlers": ("board_trap",), "exception_frame": 0},
+}
+COMMON_SRC = ("common/main.c", "common/boot.c", "common/print.c")
+# Stack for calls into code compiled without -fstack-usage (libc, libgcc, libm: memcpy,
+# memset, 64-bit division, soft float: leaves or near-leaves of 16-80 bytes), charged once on
+# top of the deepest path.
+EXTERNAL_STACK: dict[str, int] = {}
+EXTERNAL_STACK_DEFAULT = 128
+SEMIHOSTING = ["-semihosting-config", "enable=on,target=native,chardev=colibri_console",
+               "-chardev", "stdio,id=colibri_console", "-display", "none", "-serial", "null", "-monitor", "none"]
+
+
+class FirmwareError(Exception):
+    """A firmware image that cannot be made: the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    origin: int
+    length: int
+    kind: str  # "flash" | "ram"
+
+    @property
+    def attrs(self) -> str:
+        return "rx" if self.kind == "flash" else "rwx"
+
+    def holds(self, addr: int, size: int = 0) -> bool:
+        return self.origin <= addr and addr + size <= self.origin + self.length
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "part" | "qemu"
+    regions: tuple[Region, ...]
+    place: dict
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+
+@dataclass(frozen=True)
+class Firmware:
+    target: Target
+    family: str
+    part: Variant
+    qemu: Variant | None  # None: QEMU boots the part's own image
+    flash_budget: int
+    ram_budget: int
+    stack_bytes: int
+    insn_per_tick: Fraction | None  # Cortex-M under QEMU -icount: SysTick ticks -> instructions
+
+    @property
+    def qemu_variant(self) -> Variant:
+        return self.qemu or self.part
+
+
+def _int(value, what: str, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TargetError(f"{path}: {what} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> tuple[Region, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise TargetError(f"{path}: {what} must be a non-empty list of {{name, origin, length, kind}}")
+    out = []
+    for r in raw:
+        name = r.get("name")
+        kind = r.get("kind") or (kinds or {}).get(name)
+        if not name or kind not in ("flash", "ram"):
+            raise TargetError(f"{path}: {what}: region {r!r} needs a name and kind = \"flash\" or \"ram\"")
+        out.append(Region(name, _int(r.get("origin"), f"{name}.origin", path),
+                          _int(r.get("length"), f"{name}.length", path), kind))
+    names = [r.name for r in out]
+    if len(set(names)) != len(names):
+        raise TargetError(f"{path}: {what}: duplicate region names {names}")
+    return tuple(out)
+
+
+def _variant(name: str, regions: tuple[Region, ...], place: dict, path: str) -> Variant:
+    missing = [k for k in PLACEMENT_KEYS if k not in place]
+    unknown = [k for k in place if k not in PLACEMENT_KEYS]
+    if missing or unknown:
+        problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
+            [f"unknown keys {', '.join(unknown)}"] if unknown else [])
+        raise TargetError(f"{path}: {name} placement: {'; '.join(problems)}")
+    by_name = {r.name: r for r in regions}
+    for key in PLACEMENT_KEYS:
+        region = by_name.get(place[key])
+        if region is None:
+            raise TargetError(f"{path}: {name} placement {key} = {place[key]!r}: no such region")
+        want = "flash" if key in ("text", "model", "rodata") else "ram" if key in ("stack", "data", "bss",
+                                                                                  "arena") else None
+        if want and region.kind != want:
+            raise TargetError(f"{path}: {name} placement {key} = {region.name!r} is {region.kind}, not {want}")
+    if place["data"] != place["bss"]:
+        raise TargetError(f"{path}: data and bss must share a region (thread-local data spans both)")
+    return Variant(name, regions, dict(place))
+
+
+def firmware_spec(t: Target) -> Firmware:
+    """The firmware view of a target: its memory maps, placement, budgets; TargetError if malformed."""
+    path = f"targets/{t.name}.toml"
+    x = t.extra
+    family = x.get("family")
+    if family not in FAMILIES:
+        raise TargetError(f"{path}: family must be one of {', '.join(FAMILIES)}, not {family!r}")
+    part_regions = _regions(x.get("memory"), path, "[[memory]]")
+    place = x.get("placement") or {}
+    part = _variant("part", part_regions, place, path)
+    qemu = None
+    if "qemu_memory" in x:
+        kinds = {r.name: r.kind for r in part_regions}
+        q_regions = _regions(x["qemu_memory"], path, "qemu_memory", kinds)
+        q_place = {**place, **(x.get("qemu_placement") or {})}
+        qemu = _variant("qemu", q_regions, q_place, path)
+        if set(qemu.regions) == set(part_regions) and q_place == place:
+            qemu = None  # QEMU boots the part's own image
+    budget = x.get("budget") or {}
+    if "flash" not in budget or "ram" not in budget:
+        raise TargetError(f"{path}: [budget] needs flash and ram (bytes)")
+    insn_per_tick = None
+    if family == "cortex-m" and "qemu_clock_hz" in x:
+        shift = _icount_shift(t.runner)
+        if shift is not None:
+            insn_per_tick = Fraction(10**9, _int(x["qemu_clock_hz"], "qemu_clock_hz", path) * 2**shift)
+    return Firmware(t, family, part, qemu, _int(budget["flash"], "budget.flash", path),
+                    _int(budget["ram"], "budget.ram", path), _int(x.get("stack_bytes"), "stack_bytes", path),
+                    insn_per_tick)
+
+
+def _icount_shift(runner: tuple[str, ...]) -> int | None:
+    """N of `-icount shift=N` in a QEMU command (each instruction = 2^N ns of virtual time)."""
+    for flag, value in zip(runner, runner[1:], strict=False):
+        if flag == "-icount":
+            m = re.search(r"(?:^|,)shift=(\d+)(?:,|$)", value) or re.fullmatch(r"(\d+)", value)
+            return int(m.group(1)) if m else None
+    return None
+
+
+def render_linker_script(fw: Firmware, variant: Variant) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(FW_DIR)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    if variant.name == "part":
+        note = "Memory map of the part itself; budgets are checked against it."
+    else:
+        note = (f"QEMU variant: the regions moved to where {' '.join(fw.target.runner[:3])} has memory; "
+                "same sizes, so the same overflows.")
+    return env.get_template(TEMPLATE).render(
+        target=fw.target.name, description=fw.target.description, variant_note=note, family=fw.family,
+        entry=FAMILIES[fw.family]["entry"], regions=variant.regions, place=variant.place,
+        stack_bytes=fw.stack_bytes)
+
+
+def qemu_argv(t: Target, program: str) -> list[str]:
+    """How `colibri run` boots a firmware image: its QEMU variant, with semihosting on stdout."""
+    p = Path(program)
+    if p.suffix == ".elf" and not p.stem.endswith("-qemu"):
+        twin = p.with_name(f"{p.stem}-qemu.elf")
+        if twin.is_file():
+            p = twin
+    return list(t.runner) + SEMIHOSTING + ["-kernel", str(p)]
+
+
+# --- SCons ------------------------------------------------------------------------------------
+
+
+def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) -> list:
+    """The firmware images of one model for one target (same shape as sconsbuild._linux_outputs)."""
+    from SCons.Script import Action, Exit, Value  # type: ignore[import-not-found]
+
+    try:
+        fw = firmware_spec(t)
+    except TargetError as e:
+        print(f"colibri: {e}", file=sys.stderr)
+        Exit(2)
+        raise
+    fam = FAMILIES[fw.family]
+    obj = out / "obj"
+    inc = str(Path(gen["model.h"]).parent)
+    cflags = [("-Os" if f == "-O2" else f) for f in env["CCFLAGS"]] + ["-fstack-usage", "-fcallgraph-info=su"]
+    fenv = env.Clone(CCFLAGS=cflags, CPPPATH=env["CPPPATH"] + [inc, str(FW_DIR / "common")],
+                     ASPPFLAGS=list(t.cflags))
+    runtime_env = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"])
+
+    def compile_c(e, stem: str, src: str, defines: list | None = None):
+        """One object plus its .su and .ci, all three cached and cleaned together."""
+        from SCons.Scanner.C import CScanner  # type: ignore[import-not-found]
+
+        o = obj / stem
+        extra = " ".join(f"-D{d}" for d in defines or [])
+        return e.Command([f"{o}.o", f"{o}.su", f"{o}.ci"], src,
+                         f"$CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM {extra} $SOURCES",
+                         source_scanner=CScanner())[0]
+
+    runtime = [compile_c(runtime_env, Path(s).stem, str(ROOT / "runtime_c/src" / s)) for s in RUNTIME_SRC]
+    blob = fenv.Object(str(obj / "model_blob.o"), gen["model_blob.S"], ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{inc}"])
+    model = [compile_c(runtime_env, "model", gen["model.c"]), blob[0]]
+    fenv.Depends(model[1], gen["model.bin"])
+    app = [compile_c(fenv, Path(src).stem, str(FW_DIR / src)) for src in COMMON_SRC]
+    board = {}  # family sources: the QEMU image may need its own build of them
+    for src in fam["sources"]:
+        stem = Path(src).stem
+        if src.endswith(".S"):
+            board[src] = fenv.Object(str(obj / f"{stem}.o"), str(FW_DIR / src))[0]
+        else:
+            board[src] = compile_c(fenv, stem, str(FW_DIR / src))
+    qemu_board = dict(board)
+    if fw.insn_per_tick is not None:  # Cortex-M under -icount: report SysTick ticks as instructions
+        defines = [f"COLIBRI_FW_INSN_PER_TICK_NUM={fw.insn_per_tick.numerator}u",
+                   f"COLIBRI_FW_INSN_PER_TICK_DEN={fw.insn_per_tick.denominator}u"]
+        src = fam["sources"][0]
+        qemu_board[src] = compile_c(fenv, f"{Path(src).stem}_qemu", str(FW_DIR / src), defines)
+
+    outputs = []
+    variants = [("part", fw.part, name, app + list(board.values()))]
+    if fw.qemu is not None or qemu_board != board:
+        variants.append(("qemu", fw.qemu_variant, f"{name}-qemu", app + list(qemu_board.values())))
+    part_elf = None
+    for vname, variant, stem, app_objs in variants:
+        ld = fenv.Command(str(out / f"{stem}.ld"), Value(render_linker_script(fw, variant)),
+                          Action(_write_value, "Generating $TARGET"))
+        targets = [str(out / f"{stem}{ext}") for ext in (".elf", ".map")]
+        if vname == "part":
+            targets += [str(out / f"{stem}{ext}") for ext in (".bin", ".hex", ".size.json")]
+        vcfg = link_config(fw, name, variant, [str(o) for o in runtime])
+        elf = fenv.Command(targets, runtime + model + app_objs + ld,
+                           Action(_link_action, "Linking $TARGET", varlist=["COLIBRI_FW"]),
+                           COLIBRI_FW=json.dumps(vcfg, sort_keys=True))
+        if part_elf is not None:  # a part that does not fit stops the build before QEMU's twin
+            fenv.Depends(elf, part_elf)
+        else:
+            part_elf = elf[0]
+        outputs += elf
+    manifest = fenv.Command(str(out / "manifest.json"), gen["manifest.json"], Action(_copy, "Copying $TARGET"))
+    return outputs + manifest
+
+
+def link_config(fw: Firmware, model: str, variant: Variant, runtime_objects: list[str]) -> dict:
+    """Everything the link step needs, as JSON-able data (it is also the link's signature)."""
+    t, fam = fw.target, FAMILIES[fw.family]
+    return {
+        "target": t.name, "model": model, "family": fw.family, "variant": variant.name, "arch": t.arch,
+        "cc": t.cc_argv, "linkflags": list(t.linkflags), "objcopy": t.tool("objcopy"),
+        "regions": [r.__dict__ for r in variant.regions], "place": variant.place,
+        "flash_budget": fw.flash_budget, "ram_budget": fw.ram_budget, "stack_bytes": fw.stack_bytes,
+        "reset": list(fam["reset"]), "handlers": list(fam["handlers"]), "exception_frame": fam["exception_frame"],
+        "runtime_objects": runtime_objects,
+    }
+
+
+def _write_value(target, source, env):  # noqa: ARG001 - SCons action signature
+    Path(str(target[0])).write_text(source[0].get_contents().decode())
+    return 0
+
+
+def _copy(target, source, env):  # noqa: ARG001
+    Path(str(target[0])).write_bytes(Path(str(source[0])).read_bytes())
+    return 0
+
+
+def _link_action(target, source, env):
+    cfg = json.loads(env["COLIBRI_FW"])
+    outs = [Path(str(t)) for t in target]
+    try:
+        summary = link_image(cfg, outs, [Path(str(s)) for s in source])
+    except FirmwareError as e:
+        for o in outs:
+            o.unlink(missing_ok=True)
+        what = f"{cfg['target']}" + (" (QEMU variant)" if cfg["variant"] == "qemu" else "")
+        print(f"colibri: {what}: model {cfg['model']} {e}", file=sys.stderr)
+        return 1
+    if summary:
+        print(summary)
+    return 0
+
+
+# --- link, audit --------------------------------------------------------------------------------
+
+
+_OVERFLOW = re.compile(r"region [`']([^']+)' overflowed by (\d+) bytes")
+
+
+def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
+    elf, map_ = outs[0], outs[1]
+    ld = next(s for s in sources if s.suffix == ".ld")
+    objs = [s for s in sources if s.suffix == ".o"]
+    regions = [Region(**r) for r in cfg["regions"]]
+    stack = stack_bound(cfg, objs)
+    if stack["bytes"] > cfg["stack_bytes"]:
+        raise FirmwareError(f"needs {stack['bytes']} bytes of stack ({' > '.join(stack['path'])}) "
+                            f"but targets/{cfg['target']}.toml reserves stack_bytes = {cfg['stack_bytes']}")
+    argv = cfg["cc"] + cfg["linkflags"] + [
+        "-nostartfiles", "-T", str(ld), f"-Wl,-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
+        "-o", str(elf)] + [str(o) for o in objs] + ["-lm"]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise FirmwareError(_link_failure(res.stderr, regions, cfg))
+    audit = audit_image(elf, map_, regions, cfg)
+    audit["stack"] = stack
+    if cfg["variant"] != "part":
+        return ""
+    flash, ram = audit["flash_used"], audit["ram_used"]
+    if flash > cfg["flash_budget"]:
+        raise FirmwareError(f"does not fit: flash overflowed by {flash - cfg['flash_budget']} bytes "
+                            f"(budget {cfg['flash_budget']})")
+    if ram > cfg["ram_budget"]:
+        raise FirmwareError(f"does not fit: RAM overflowed by {ram - cfg['ram_budget']} bytes "
+                            f"(budget {cfg['ram_budget']})")
+    for fmt, path in (("binary", outs[2]), ("ihex", outs[3])):
+        res = subprocess.run([cfg["objcopy"], "-O", fmt, str(elf), str(path)], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise FirmwareError(f"objcopy -O {fmt} failed: {res.stderr.strip().splitlines()[-1:]}")
+    outs[4].write_text(json.dumps(audit, indent=2) + "\n")
+    return (f"colibri: {cfg['target']} {cfg['model']}: flash {flash} / {cfg['flash_budget']} "
+            f"({100 * flash / cfg['flash_budget']:.1f}%), RAM {ram} / {cfg['ram_budget']} "
+            f"({100 * ram / cfg['ram_budget']:.1f}%); code without weights and libc {audit['code_bytes']} B "
+            f"(runtime .text {audit['runtime_text']} B); stack bound {stack['bytes']} / {cfg['stack_bytes']} B"
+            + (f" (forward path {stack['forward']['charged']} B)" if stack["forward"] else ""))
+
+
+def _link_failure(stderr: str, regions: list[Region], cfg: dict) -> str:
+    """The linker's complaint as one line: the region, the overflow, the budget."""
+    overflows = {}
+    for region, n in _OVERFLOW.findall(stderr):
+        overflows[region] = max(overflows.get(region, 0), int(n))
+    if overflows:
+        parts = []
+        for region, n in overflows.items():
+            r = next((x for x in regions if x.name == region), None)
+            where = f" (region {r.length} bytes, {r.kind} budget {cfg[r.kind + '_budget']})" if r else ""
+            parts.append(f"{region} overflowed by {n} bytes{where}")
+        return "does not fit: " + "; ".join(parts)
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln] or lines
+    return "link failed: " + (errors[0] if errors else "no output from the linker")
+
+
+def _lib_member(path: str) -> bool:
+    return bool(re.search(r"\.a\([^)]*\)\s*$", path)) or "/libgcc" in path or path.endswith(".a")
+
+
+def parse_map(text: str) -> list[tuple[str, str, int, int, str]]:
+    """(output section, input section, address, size, file) of each input section in a GNU ld map."""
+    start = text.find("Linker script and memory map")
+    lines = text[start:].splitlines() if start >= 0 else []
+    out, current, pending = [], None, None
+    head = re.compile(r"^(\.\S+|/DISCARD/|COMMON)\s*(?:\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+))?")
+    inp = re.compile(r"^ (\S+)\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)\s+(\S.*)$")
+    cont = re.compile(r"^\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)\s+(\S.*)$")
+    for line in lines:
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            m = head.match(line)
+            current = m.group(1) if m else None
+            pending = None
+            continue
+        m = inp.match(line)
+        if m and not m.group(1).startswith("*fill*"):
+            out.append((current, m.group(1), int(m.group(2), 16), int(m.group(3), 16), m.group(4).strip()))
+            pending = None
+            continue
+        if pending is not None:
+            c = cont.match(line)
+            if c and not c.group(3).startswith(("PROVIDE", "=")) and "." in c.group(3):
+                out.append((current, pending, int(c.group(1), 16), int(c.group(2), 16), c.group(3).strip()))
+            pending = None
+            continue
+        s = line.strip()
+        if line.startswith(" .") or line.startswith(" COMMON"):
+            pending = s if " " not in s else None
+    return out
+
+
+def audit_image(elf: Path, map_: Path, regions: list[Region], cfg: dict) -> dict:
+    """Flash and RAM use per region (pyelftools), the weights and arena placement, code size by owner."""
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    used = {r.name: 0 for r in regions}
+    sections = {}
+    with open(elf, "rb") as f:
+        e = ELFFile(f)
+        loads = [s for s in e.iter_segments() if s["p_type"] == "PT_LOAD"]
+        for sec in e.iter_sections():
+            if not sec["sh_flags"] & SH_FLAGS.SHF_ALLOC or sec["sh_size"] == 0:
+                continue
+            nobits = sec["sh_type"] == "SHT_NOBITS"
+            if nobits and sec["sh_flags"] & SH_FLAGS.SHF_TLS:
+                continue  # .tbss takes no room of its own; .tbss_space reserves it
+            vma, size = sec["sh_addr"], sec["sh_size"]
+            seg = next((s for s in loads if s.section_in_segment(sec)), None)
+            lma = seg["p_paddr"] + vma - seg["p_vaddr"] if seg is not None and not nobits else vma
+            r_vma = next((r for r in regions if r.holds(vma, size)), None)
+            r_lma = next((r for r in regions if r.holds(lma, size)), None)
+            if r_vma is None:
+                raise FirmwareError(f"section {sec.name} at {vma:#x} lies outside every region of the map")
+            used[r_vma.name] += size
+            if not nobits and r_lma is not None and r_lma is not r_vma:
+                used[r_lma.name] += size
+            sections[sec.name] = {"vma": vma, "lma": lma, "size": size, "region": r_vma.name,
+                                  "load_region": r_lma.name if r_lma else None}
+        symbols = {}
+        symtab = e.get_section_by_name(".symtab")
+        for sym in symtab.iter_symbols() if symtab else ():
+            if sym.name in ("colibri_arena", "colibri_blob_data", "__stack_bottom", "__stack_top"):
+                symbols[sym.name] = {"value": sym["st_value"], "size": sym["st_size"]}
+    for need, kind in ((".rodata.model", "flash"), (".bss.colibri_arena", "ram")):
+        info = sections.get(need)
+        if info is None or next(r for r in regions if r.name == info["region"]).kind != kind:
+            raise FirmwareError(f"{need} is not in a {kind} region")
+    kinds = {r.name: r.kind for r in regions}
+    flash_used = sum(n for r, n in used.items() if kinds[r] == "flash")
+    ram_used = sum(n for r, n in used.items() if kinds[r] == "ram")
+
+    # Code by owner, from the map: what flash holds besides the weights and libc.
+    runtime_objs = {str(Path(o).resolve()) for o in cfg["runtime_objects"]}
+    flash_regions = [r for r in regions if r.kind == "flash"]
+    owners = {"runtime": 0, "model": 0, "app": 0, "libc": 0, "weights": 0}
+    runtime_text = 0
+    for out_sec, in_sec, _addr, size, path in parse_map(map_.read_text(errors="replace")):
+        info = sections.get(out_sec)
+        if info is None or size == 0:
+            continue
+        in_flash = any(r.holds(info["lma"]) for r in flash_regions) and info["lma"] is not None
+        nobits = in_sec.startswith((".bss", ".sbss", ".tbss", "COMMON")) or out_sec in (".stack",)
+        if not in_flash or nobits:
+            continue
+        if out_sec == ".rodata.model":
+            owner = "weights"
+        elif _lib_member(path):
+            owner = "libc"
+        elif str(Path(path).resolve()) in runtime_objs:
+            owner = "runtime"
+            if in_sec.startswith(".text"):
+                runtime_text += size
+        elif Path(path).name in ("model.o", "model_blob.o"):
+            owner = "model"
+        else:
+            owner = "app"
+        owners[owner] += size
+    return {
+        "target": cfg["target"], "model": cfg["model"], "variant": cfg["variant"],
+        "regions": [{"name": r.name, "origin": r.origin, "length": r.length, "kind": r.kind, "used": used[r.name]}
+                    for r in regions],
+        "flash_used": flash_used, "ram_used": ram_used,
+        "flash_budget": cfg["flash_budget"], "ram_budget": cfg["ram_budget"],
+        "sections": sections, "symbols": symbols, "flash_by_owner": owners,
+        "code_bytes": owners["runtime"] + owners["model"] + owners["app"],
+        "runtime_text": runtime_text,
+    }
+
+
+def stack_bound(cfg: dict, objs: list[Path]) -> dict:
+    """Worst-case stack of the image from the .ci call graphs beside the objects.
+
+    The bound is the reset path's depth plus, for each exception handler, its own depth
+    and the hardware's exception frame; calls into code with no frame on record (libc,
+    libgcc) are charged EXTERNAL_STACK. The forward path is reported on its own.
+    """
+    from .size.stack import analyze, load_graph
+
+    ci = [o.with_suffix(".ci") for o in objs if o.with_suffix(".ci").is_file()]
+    missing = [o.name for o in objs if o.suffix == ".o" and not o.with_suffix(".ci").is_file()
+               and o.stem not in ("model_blob", "startup")]
+    if missing:
+        raise FirmwareError(f"no call graph (.ci) for {', '.join(missing)}: cannot bound the stack")
+    graph = load_graph(ci)
+    handlers = [h for h in cfg["handlers"] if h in graph.frames]
+    resets = [r for r in cfg["reset"] if r in graph.frames]
+    if not resets:
+        raise FirmwareError(f"no call graph for {', '.join(cfg['reset'])}: cannot bound the stack")
+    bounds = {b.entry: b for b in analyze(graph, resets + handlers + ["colibri_forward"], None)
+              if b.entry in graph.frames}
+
+    def charged(b) -> int:
+        ext = max((EXTERNAL_STACK.get(x, EXTERNAL_STACK_DEFAULT) for x in b.externals), default=0)
+        return b.bytes + ext
+
+    for b in bounds.values():
+        if not b.bounded:
+            raise FirmwareError(f"stack of {b.entry} is unbounded: {'; '.join(b.reasons)}")
+    reset = max((bounds[r] for r in resets), key=charged)
+    frames = {h: charged(bounds[h]) + cfg["exception_frame"] for h in handlers}
+    fwd = bounds.get("colibri_forward")
+    return {
+        "bytes": charged(reset) + sum(frames.values()),
+        "path": reset.path,
+        "reset": {"entry": reset.entry, "bytes": reset.bytes, "charged": charged(reset), "path": reset.path,
+                  "externals": reset.externals},
+        "handlers": frames,
+        "forward": {"bytes": fwd.bytes, "charged": charged(fwd), "path": fwd.path,
+                    "externals": fwd.externals} if fwd else None,
+        "reserved": cfg["stack_bytes"],
+        "external_allowance": {"default": EXTERNAL_STACK_DEFAULT, **EXTERNAL_STACK},
+    }
