@@ -15,7 +15,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .plan import ArenaPlan, align_up
-from .quantize import QuantTensor
+from .quantize import QuantTensor, encode_outliers
 from .spec import ModelSpec
 
 MAGIC = 0x52424C43
@@ -106,22 +106,24 @@ class BlobWriter:
             padded[:, : qt.cols] = data
             data = padded
         data_off = self._put(data.astype(data.dtype.newbyteorder("<"), copy=False))
-        scale_off = oidx_off = oval_off = 0
+        scale_off = oidx_off = oval_off = n_out = 0
         scale_code = 0
         if qt.scales is not None:
             scale_code = SCALE_DTYPES[qt.scales.dtype]
             scale_off = self._put(qt.scales.astype(qt.scales.dtype.newbyteorder("<")))
         if qt.n_outliers:
-            oidx_off = self._put(qt.oidx.astype("<u4"))
-            oval_off = self._put(qt.oval.astype("<f2"))
+            gaps, vals = encode_outliers(qt.oidx, qt.oval)
+            n_out = gaps.size
+            oidx_off = self._put(gaps)
+            oval_off = self._put(vals)
         self.entries.append(
             _ENTRY.pack(
                 kind, layer, expert, DTYPES[qt.dtype], scale_code, qt.rows, qt.cols, stride,
-                qt.group_size or qt.cols, qt.n_outliers, 0, data_off, scale_off, oidx_off, oval_off,
+                qt.group_size or qt.cols, n_out, 0, data_off, scale_off, oidx_off, oval_off,
             )
         )
         self.records.append(
-            TensorRecord(name, qt.dtype, qt.rows, qt.cols, data_off, self.pos - data_off, qt.n_outliers)
+            TensorRecord(name, qt.dtype, qt.rows, qt.cols, data_off, self.pos - data_off, n_out)
         )
 
     def finish(self, spec: ModelSpec, max_seq: int, plan: ArenaPlan) -> tuple[int, int]:

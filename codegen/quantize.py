@@ -17,7 +17,8 @@ QUANTS = ("f32", "f16", "int8", "int8c")
 DEFAULT_OUTLIER_FRAC = 0.005
 F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
 F16_MAX = float(np.finfo(np.float16).max)
-OUTLIER_BITS = 32 + 16  # u32 flat index + f16 value
+OUTLIER_BITS = 16 + 16  # u16 gap to the previous flat index + f16 value
+MAX_GAP = 0xFFFF
 
 
 @dataclass
@@ -59,10 +60,25 @@ class QuantTensor:
         bits = elem * self.rows * self.cols
         if self.scales is not None:
             bits += self.scales.dtype.itemsize * 8 * self.scales.size
-        return bits + OUTLIER_BITS * self.n_outliers
+        return bits + OUTLIER_BITS * (encode_outliers(self.oidx, self.oval)[0].size if self.n_outliers else 0)
 
     def bits_per_weight(self) -> float:
         return self.payload_bits() / (self.rows * self.cols)
+
+
+def encode_outliers(oidx: np.ndarray, oval: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted flat indices as u16 gaps (the first from 0), with zero-valued filler
+    entries wherever two outliers lie more than 65535 entries apart."""
+    idx = oidx.astype(np.int64)
+    gaps = np.diff(idx, prepend=0)
+    fillers = np.maximum((gaps - 1) // MAX_GAP, 0)
+    if not fillers.any():
+        return gaps.astype("<u2"), oval.astype("<f2")
+    out_gaps, out_vals = [], []
+    for gap, n_fill, val in zip(gaps.tolist(), fillers.tolist(), oval.tolist(), strict=True):
+        out_gaps += [MAX_GAP] * n_fill + [gap - MAX_GAP * n_fill]
+        out_vals += [0.0] * n_fill + [val]
+    return np.array(out_gaps, dtype="<u2"), np.array(out_vals, dtype="<f2")
 
 
 def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:

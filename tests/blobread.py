@@ -67,7 +67,8 @@ def dequantize(raw: bytes, e: dict) -> np.ndarray:
         w = w * s[:, np.arange(cols) // g]
     if e["n_outliers"]:
         n = e["n_outliers"]
-        idx = np.frombuffer(raw, dtype="<u4", count=n, offset=e["oidx_off"])
+        gaps = np.frombuffer(raw, dtype="<u2", count=n, offset=e["oidx_off"])
+        idx = np.cumsum(gaps.astype(np.int64))
         val = np.frombuffer(raw, dtype="<f2", count=n, offset=e["oval_off"]).astype(np.float32)
         flat = w.reshape(-1)
         flat[idx] += val

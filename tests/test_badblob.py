@@ -86,14 +86,22 @@ def tensor_wrong_shape(b):
     return _put(b, entry_offset(4) + 8, "I", rows + 1)
 
 
-def outliers_unsorted(b):
+def _first_outliers(b) -> tuple[int, int, int]:
     for i in range(header(bytes(b))["n_tensors"]):
-        n, _, _, _, idx_off, _ = struct.unpack_from("<IIQQQQ", b, entry_offset(i) + 24)
+        n, _, _, _, gap_off, _ = struct.unpack_from("<IIQQQQ", b, entry_offset(i) + 24)
         if n >= 2:
-            a, c = struct.unpack_from("<II", b, idx_off)
-            struct.pack_into("<II", b, idx_off, c, a)
-            return _recrc(b)
+            return i, n, gap_off
     raise AssertionError("no tensor with outliers")
+
+
+def outliers_repeated(b):
+    _, _, gap_off = _first_outliers(b)
+    return _put(b, gap_off + 2, "H", 0)  # second index equal to the first
+
+
+def outliers_past_matrix(b):
+    i, n, gap_off = _first_outliers(b)
+    return _put(b, gap_off + 2 * (n - 1), "H", 0xFFFF)  # last index beyond rows*cols
 
 
 def plan_overlap(b):
@@ -111,7 +119,8 @@ CASES = {f.__name__: (f, code) for f, code in [
     (top_k_above_experts, "BAD_HEADER"), (unknown_layout, "LAYOUT"), (tensor_past_end, "TENSOR_BOUNDS"),
     (tensor_huge_offset, "TENSOR_BOUNDS"), (tensor_misaligned, "TENSOR_BOUNDS"),
     (tensor_wrong_kind, "BAD_TENSOR"), (tensor_wrong_shape, "BAD_TENSOR"),
-    (outliers_unsorted, "BAD_TENSOR"), (plan_overlap, "BAD_PLAN"), (plan_outside_arena, "BAD_PLAN"),
+    (outliers_repeated, "BAD_TENSOR"), (outliers_past_matrix, "BAD_TENSOR"), (plan_overlap, "BAD_PLAN"),
+    (plan_outside_arena, "BAD_PLAN"),
 ]}
 
 

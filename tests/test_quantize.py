@@ -51,3 +51,15 @@ def test_quantizer_is_deterministic():
     a, b = quantize(w, "int8c"), quantize(w.copy(), "int8c")
     assert a.data.tobytes() == b.data.tobytes() and a.oidx.tobytes() == b.oidx.tobytes()
     assert a.scales.tobytes() == b.scales.tobytes() and a.oval.tobytes() == b.oval.tobytes()
+
+
+def test_outlier_gaps_bridge_long_distances():
+    from colibri.codegen.quantize import MAX_GAP, encode_outliers
+
+    idx = np.array([0, 5, 5 + MAX_GAP, 5 + 3 * MAX_GAP + 7, 400_000], dtype=np.uint32)
+    val = np.arange(1, 6, dtype=np.float16)
+    gaps, vals = encode_outliers(idx, val)
+    decoded = np.cumsum(gaps.astype(np.int64))
+    assert np.all(gaps[1:] >= 1)
+    assert np.array_equal(decoded[vals != 0], idx) and np.array_equal(vals[vals != 0], val)
+    assert gaps.size > idx.size  # fillers were needed

@@ -130,3 +130,26 @@ def test_arena_size_agrees_with_header(golden_ckpts, build_model):
     manifest = json.loads((out / "manifest.json").read_text())
     assert load(out / "model.bin").arena_bytes == arena == manifest["arena"]["arena_bytes"]
     assert arena < manifest["arena"]["naive_bytes"]
+
+
+def test_sparse_far_apart_corrections(tmp_path, build_model):
+    """A big embedding with few corrections: gaps beyond 65535 need filler entries."""
+    from conftest import synth
+
+    ckpt = synth(tmp_path / "sparse", layers=1, hidden=48, ffn=64, heads=4, kv_heads=2, experts=2, top_k=1,
+                 vocab=6000, seed=4, heavy_tail=True)
+    out = build_model(ckpt, "int8c", "host", "OUTLIER_FRAC=0.00003")
+    spec = open_checkpoint(ckpt).spec
+    raw = (out / "model.bin").read_bytes()
+    from blobread import entries
+    embed = entries(raw)[0]
+    gaps = np.frombuffer(raw, dtype="<u2", count=embed["n_outliers"], offset=embed["oidx_off"])
+    assert embed["n_outliers"] >= 2 and gaps.max() == 0xFFFF, "expected filler entries in the embedding"
+    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    ref = Reference(spec, deq, max_seq=256)
+    for how, m in _models(out).items():
+        ref.reset()
+        prompt = [5, 4000, 5999, 17]
+        want = ref.forward(prompt)
+        got = m.forward(prompt)
+        assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want))), how

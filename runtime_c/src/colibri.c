@@ -236,7 +236,7 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
 
     /* data, scales, outlier indices, outlier values: "0 if none", else 64-aligned and inside the payload */
     uint64_t n_scales = quantised ? cb_mul(rows, cb_ceil_div(cols, group)) : 0;
-    uint64_t len[4] = {cb_mul(rows, stride), cb_mul(n_scales, cb_elem_bytes(scale_dtype)), n_out * 4, n_out * 2};
+    uint64_t len[4] = {cb_mul(rows, stride), cb_mul(n_scales, cb_elem_bytes(scale_dtype)), n_out * 2, n_out * 2};
     for (int i = 0; i < 4; i++) {
         uint64_t off = rd64(e + 32 + 8 * i);
         if (len[i] == 0 && off != 0)
@@ -244,14 +244,18 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
         if (len[i] != 0 && (off % CB_ALIGN != 0 || off < w->header_bytes || cb_add(off, len[i]) > w->blob_bytes))
             return COLIBRI_E_TENSOR_BOUNDS;
     }
-    /* the kernels walk outliers in one sorted pass and index x with them */
-    const uint8_t *idx = w->blob + rd64(e + 48);
-    uint64_t n_weights = rows * cols;
+    /* the kernels walk outliers in one sorted pass and index x with them: every
+     * gap after the first is >= 1 and the last index is inside the matrix */
+    const uint8_t *gap = w->blob + rd64(e + 48);
+    uint64_t n_weights = rows * cols, idx = 0;
     for (uint64_t i = 0; i < n_out; i++) {
-        uint32_t v = rd32(idx + 4 * i);
-        if (v >= n_weights || (i > 0 && v <= rd32(idx + 4 * (i - 1))))
+        uint16_t g = rd16(gap + 2 * i);
+        if (i > 0 && g == 0)
             return COLIBRI_E_BAD_TENSOR;
+        idx += g;
     }
+    if (n_out && idx >= n_weights)
+        return COLIBRI_E_BAD_TENSOR;
     return COLIBRI_OK;
 }
 
@@ -323,7 +327,7 @@ static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
     cb_tensor t = {
         .data = c->blob + rd64(e + 32),
         .scales = scale_off ? c->blob + scale_off : NULL,
-        .oidx = oidx_off ? (const uint32_t *)(const void *)(c->blob + oidx_off) : NULL,
+        .ogap = oidx_off ? (const uint16_t *)(const void *)(c->blob + oidx_off) : NULL,
         .oval = oval_off ? (const uint16_t *)(const void *)(c->blob + oval_off) : NULL,
         .rows = rd32(e + 8),
         .cols = rd32(e + 12),

@@ -51,10 +51,14 @@ void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int ac
 {
     uint64_t row_start = 0; /* flat index of W[r][0]: a running sum, so no division per outlier */
     size_t k = 0;           /* next outlier; sorted, so one pass over them serves all rows */
+    uint64_t idx = t->n_outliers ? t->ogap[0] : 0;
     for (size_t r = 0; r < t->rows; r++, row_start += t->cols) {
         float dot = cb_row_dot(t, r, x);
-        for (; k < t->n_outliers && t->oidx[k] < row_start + t->cols; k++)
-            dot += cb_f16_to_f32(t->oval[k]) * x[t->oidx[k] - row_start];
+        while (k < t->n_outliers && idx < row_start + t->cols) {
+            dot += cb_f16_to_f32(t->oval[k]) * x[idx - row_start];
+            if (++k < t->n_outliers)
+                idx += t->ogap[k];
+        }
         float v = alpha * dot;
         y[r] = accumulate ? y[r] + v : v;
     }
@@ -78,16 +82,13 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
                 out[c] = s * (float)q[c];
         }
     }
-    /* this row's outliers: binary search for the first flat index >= r*cols */
-    uint64_t row_start = (uint64_t)r * cols;
-    size_t lo = 0, hi = t->n_outliers;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (t->oidx[mid] < row_start)
-            lo = mid + 1;
-        else
-            hi = mid;
+    /* this row's outliers: the gaps are a running sum, so walk from the first one */
+    uint64_t row_start = (uint64_t)r * cols, idx = 0;
+    for (size_t k = 0; k < t->n_outliers; k++) {
+        idx += t->ogap[k];
+        if (idx >= row_start + cols)
+            break;
+        if (idx >= row_start)
+            out[idx - row_start] += cb_f16_to_f32(t->oval[k]);
     }
-    for (; lo < t->n_outliers && t->oidx[lo] < row_start + cols; lo++)
-        out[t->oidx[lo] - row_start] += cb_f16_to_f32(t->oval[lo]);
 }

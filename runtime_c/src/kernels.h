@@ -14,11 +14,11 @@ enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4 }; /* weight and scale dtyp
 
 /* One validated weight matrix, pointers into the blob. W[r][c] =
  * scale[r][c / group_size] * q[r][c] (I8, I8C), plus oval[i] at flat index
- * oidx[i] (I8C); F32 and F16 are stored as is. */
+ * idx[i] = idx[i-1] + ogap[i] (idx[0] = ogap[0]) for I8C; F32 and F16 are stored as is. */
 typedef struct cb_tensor {
     const uint8_t *data;   /* rows * row_stride bytes */
     const uint8_t *scales; /* rows * n_groups scales of scale_dtype (I8, I8C) */
-    const uint32_t *oidx;  /* n_outliers flat indices row*cols + col, strictly increasing */
+    const uint16_t *ogap;  /* n_outliers gaps between flat indices row*cols + col (validated increasing) */
     const uint16_t *oval;  /* n_outliers f16 corrections */
     uint32_t rows, cols, row_stride, group_size, n_groups, n_outliers;
     uint8_t dtype, scale_dtype;
