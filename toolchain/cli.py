@@ -66,7 +66,9 @@ def runner_argv(target_name: str, program: str) -> list[str]:
             argv += ["-L", t.sysroot]
         return argv + [program]
     if t.kind == "firmware":
-        return list(t.runner) + ["-kernel", program]
+        from .firmware import qemu_argv
+
+        return qemu_argv(t, program)
     return [program]
 
 
@@ -134,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("targets", help="list targets and whether their tools are installed")
     t.set_defaults(fn=cmd_targets)
+    from .size.command import register as register_size
+    register_size(sub)
     return p
 
 
