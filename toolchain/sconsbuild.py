@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from SCons.Script import (  # type: ignore[import-not-found]
     COMMAND_LINE_TARGETS,
+    Action,
     CacheDir,
-    Copy,
     Default,
     Environment,
     Exit,
     Value,
 )
 
+from .size.command import post_link
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
@@ -32,6 +34,8 @@ DEFAULT_SYNTH = {
     "arch": "mixtral", "layers": 2, "hidden": 64, "ffn": 128, "heads": 8, "kv_heads": 2, "experts": 4,
     "top_k": 2, "vocab": 320, "seed": 1, "dtype": "f32",
 }
+QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
+         "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 # Identical arithmetic on every target: no fused multiply-add contraction, no errno from sqrt.
 FLOAT = ["-ffp-contract=off", "-fno-math-errno"]
@@ -79,12 +83,14 @@ def _export(env, ckpt: Path, gen: Path, opts: dict):
     """The codegen Builder: the checkpoint files and the options are its sources."""
     if ckpt == ROOT / DEFAULT_MODEL:
         files = [str(ckpt / "config.json"), str(ckpt / "model.safetensors")]
-        env.Command(files, Value(json.dumps(DEFAULT_SYNTH, sort_keys=True)), _synth_action,
+        env.Command(files, Value(json.dumps(DEFAULT_SYNTH, sort_keys=True)),
+                    Action(_synth_action, f"SYNTH  {ckpt} (the default model)"),
                     COLIBRI_CKPT=str(ckpt), COLIBRI_SYNTH_OPTS=json.dumps(DEFAULT_SYNTH))
     else:
         files = sorted(str(p) for p in ckpt.iterdir() if p.suffix in (".json", ".safetensors"))
     outs = [str(gen / n) for n in ("model.h", "model.c", "model_blob.S", "model.bin", "manifest.json")]
-    env.Command(outs, files + [Value(json.dumps(opts, sort_keys=True))], _export_action,
+    env.Command(outs, files + [Value(json.dumps(opts, sort_keys=True))],
+                Action(_export_action, f"EXPORT {ckpt.name} ({opts['quant']}) -> {gen}"),
                 COLIBRI_CKPT=str(ckpt), COLIBRI_GEN=str(gen), COLIBRI_EXPORT_OPTS=json.dumps(opts))
     return {Path(o).name: o for o in outs}
 
@@ -93,10 +99,12 @@ def _target_env(base, t: Target, sanitize: list[str]):
     missing = t.missing()
     if missing:
         _fail(f"target {t.name}: {', '.join(missing)} not found; install it with: {t.install_hint()}")
+    # .su (and with GCC .ci call graph) files beside the objects give `colibri size` its stack bound
+    stack = ["-fstack-usage"] + (["-fcallgraph-info=su"] if t.cc_argv[0].endswith("gcc") else [])
     env = base.Clone(
         CC=t.cc, AR=t.tool("ar"), RANLIB=t.tool("ranlib"),
-        CCFLAGS=COMMON_CFLAGS + list(t.cflags), LINKFLAGS=list(t.linkflags),
-        CPPPATH=[str(ROOT / "runtime_c/include")],
+        CCFLAGS=COMMON_CFLAGS + stack + list(t.cflags), LINKFLAGS=list(t.linkflags),
+        CPPPATH=[str(ROOT / "runtime_c/include")], COLIBRI_TARGET=t.name,
     )
     if sanitize:
         flag = f"-fsanitize={','.join(sanitize)}"
@@ -108,7 +116,7 @@ def _shared_lib(env, out: Path, lib: str, objs: list, soflags: list[str]) -> lis
     """lib<lib>.so with SONAME lib<lib>.so.<ABI major>, and that name as a link to it."""
     soname = f"lib{lib}.so.{ABI_MAJOR}"
     so = env.SharedLibrary(str(out / f"lib{lib}"), objs, SHLINKFLAGS=soflags + [f"-Wl,-soname,{soname}"])
-    link = env.Command(str(out / soname), so, _symlink_action)
+    link = env.Command(str(out / soname), so, Action(_symlink_action, "LN     $TARGET"))
     return [so, link]
 
 
@@ -149,7 +157,15 @@ class _Objects:
 
     def database(self, env, path: Path):
         text = json.dumps(self.entries, indent=1, sort_keys=True) + "\n"
-        return env.Command(str(path), Value(text), _write_value_action)
+        return env.Command(str(path), Value(text), Action(_write_value_action, "GEN    $TARGET"))
+
+
+def _copy_action(target, source, env):  # noqa: ARG001
+    shutil.copyfile(str(source[0]), str(target[0]))
+    return 0
+
+
+COPY = Action(_copy_action, "COPY   $TARGET")
 
 
 def _write_value_action(target, source, env):  # noqa: ARG001
@@ -175,9 +191,10 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
-    headers = [env.Command(str(out / "include" / h), path, Copy("$TARGET", "$SOURCE"))
+    headers = [env.Command(str(out / "include" / h), path, COPY)
                for h, path in (("colibri.h", str(src / "include/colibri.h")), ("model.h", gen["model.h"]))]
-    pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), _pkgconfig_action, COLIBRI_MODEL=name)
+    pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), Action(_pkgconfig_action, "GEN    $TARGET"),
+                     COLIBRI_MODEL=name)
     exe_flags = ["-static"] if static_exe else []
     demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [inc], LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
     common = objs(demo_env, "demo_common", str(src / DEMO_COMMON))
@@ -192,9 +209,11 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     demo_dl = dl_env.Program(str(out / "colibri_demo_dl"),
                              [objs(dl_env, "colibri_demo_dl", str(src / "demo/colibri_demo_dl.c")), common],
                              LIBS=["dl"])
-    blob = env.Command(str(out / "model.bin"), gen["model.bin"], Copy("$TARGET", "$SOURCE"))
-    manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], Copy("$TARGET", "$SOURCE"))
+    blob = env.Command(str(out / "model.bin"), gen["model.bin"], COPY)
+    manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], COPY)
     compile_db = objs.database(env, out / "compile_commands.json")
+    for linked in (lib_a, lib_so[0], demo):  # one flash/RAM line per artifact a user ships
+        env.AddPostAction(linked, Action(post_link, None))
     return [lib_a, lib_so, generic_so, headers, pc, demo, demo_dl, run, blob, manifest, compile_db]
 
 
@@ -222,6 +241,8 @@ def build_all(arguments: dict) -> None:
         CacheDir(arguments["CACHE"])
     build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
     base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
+    if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
+        base.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
     gen = _export(base, ckpt, build / "gen" / name / quant, opts)
     outputs = []
     for t in _targets(target_arg):

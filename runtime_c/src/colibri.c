@@ -114,9 +114,10 @@ static uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, sizeof v); re
 
 /* Sizes from untrusted fields saturate at UINT64_MAX, which then fails every
  * bound it is compared with: no check can be fooled by a wrapped product. */
-static uint64_t cb_mul(uint64_t a, uint64_t b) { return a != 0 && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
+static uint64_t cb_mul(uint64_t a, uint64_t b) { uint64_t r; return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r; }
 static uint64_t cb_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
-static uint64_t cb_ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+/* 32-bit on purpose: a 64-bit division is a libgcc call on 32-bit targets (and pulls in raise() on ARM) */
+static uint32_t cb_ceil_div(uint32_t a, uint32_t b) { return a / b + (a % b != 0); }
 static uint64_t cb_align64(uint64_t a) { return a > UINT64_MAX - 63 ? UINT64_MAX : (a + 63) & ~(uint64_t)63; }
 
 static const uint8_t *cb_entry(const uint8_t *blob, size_t i)
