@@ -16,6 +16,8 @@ from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.toolchain import firmware
+from colibri.toolchain.size.audit import audit as size_audit
+from colibri.toolchain.size.command import summary_line
 from colibri.toolchain.targets import load_target
 
 from blobread import weights as blob_weights
@@ -97,7 +99,7 @@ def test_boots_and_matches_reference(target, quant, small_ckpt, build_model):
     assert unit == "instructions" and count > 0  # all three QEMU images count instructions (-icount)
     audit = json.loads((out / f"{name}.size.json").read_text())
     # the measured high-water mark stays within the static bound, which is within the reservation
-    assert 0 < stack_used <= audit["stack"]["bytes"] <= audit["stack"]["reserved"]
+    assert 0 < stack_used <= audit["image_stack"]["bytes"] <= audit["image_stack"]["reserved"]
 
 
 @pytest.mark.parametrize("case", ["gqa_top2", "top1_tied_bf16"])
@@ -153,18 +155,23 @@ def test_map_and_elf_agree_on_placement(target, small_ckpt, build_model):
 def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     out = build_model(small_ckpt, "int8c", "stm32h7")
     audit = json.loads((out / f"{out.name}.size.json").read_text())
-    owners = audit["flash_by_owner"]
+    # the build's report is `colibri size`'s own, plus the image's stack bound
+    assert {k: v for k, v in audit.items() if k != "image_stack"} == size_audit(out / f"{out.name}.elf")
+    flash = {c["key"]: c["flash"] for c in audit["categories"]}
+    runtime_text = sum(s["bytes"] for s in audit["symbols"] if s["category"] == "runtime" and s["section"] == ".text")
+    code = flash["runtime"] + flash["generated"] + flash["app"]
     objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "cbmath")]
     size = subprocess.run(["arm-none-eabi-size", *objects], capture_output=True, text=True, check=True).stdout
     objects_text = sum(int(line.split()[0]) for line in size.splitlines()[1:])
-    print(f"\nstm32h7 -Os: runtime .text {audit['runtime_text']} B in the image ({objects_text} B in the objects"
-          f" before --gc-sections); code without weights and libc {audit['code_bytes']} B "
-          f"(runtime {owners['runtime']}, generated {owners['model']}, startup+main {owners['app']}); "
-          f"libc {owners['libc']} B; weights {owners['weights']} B")
-    assert 0 < audit["runtime_text"] <= objects_text
-    assert audit["code_bytes"] < 12 * 1024, "runtime + startup over 12 KiB at -Os"
-    assert owners["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
-    assert audit["flash_used"] <= audit["flash_budget"] and audit["ram_used"] <= audit["ram_budget"]
+    print(f"\nstm32h7 -Os: runtime .text {runtime_text} B in the image ({objects_text} B in the objects"
+          f" before --gc-sections); code without weights and libc {code} B "
+          f"(runtime {flash['runtime']}, generated {flash['generated']}, startup+main {flash['app']}); "
+          f"libc {flash['libc']} B; weights {flash['weights']} B; unattributed {flash['unattributed']} B")
+    assert 0 < runtime_text <= objects_text
+    assert code < 12 * 1024, "runtime + startup over 12 KiB at -Os"
+    assert flash["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
+    assert audit["budget"]["flash"]["ok"] and audit["budget"]["ram"]["ok"]
+    assert audit["budget"]["flash"]["limit"] == 2097152 and audit["budget"]["ram"]["limit"] == 1048576
 
 
 @pytest.mark.skipif(bool(_missing("stm32h7")), reason="arm-none-eabi toolchain or QEMU missing")
@@ -208,7 +215,7 @@ def test_stack_reservation_below_bound_fails(small_ckpt, build_model, tmp_path):
     fw = firmware.firmware_spec(load_target("stm32h7"))
     objs = sorted((out / "obj").glob("*.o"))
     objs = [o for o in objs if not o.stem.endswith("_qemu")]
-    cfg = firmware.link_config(fw, out.name, fw.part, [str(out / "obj" / f"{s}.o") for s in firmware.RUNTIME_SRC])
+    cfg = firmware.link_config(fw, out.name, fw.part)
     bound = firmware.stack_bound(cfg, objs)
     assert bound["forward"]["path"][0] == "colibri_forward" and bound["forward"]["bytes"] > 0
     assert bound["bytes"] <= fw.stack_bytes
@@ -217,6 +224,33 @@ def test_stack_reservation_below_bound_fails(small_ckpt, build_model, tmp_path):
     with pytest.raises(firmware.FirmwareError, match=rf"needs {bound['bytes']} bytes of stack .* reserves"):
         firmware.link_image(cfg, outs, objs + [out / f"{out.name}.ld"])
     assert not any(p.exists() for p in outs)
+
+
+@pytest.mark.skipif(bool(_missing("stm32h7")), reason="arm-none-eabi toolchain or QEMU missing")
+def test_budget_check_and_summary_are_colibri_size(small_ckpt, build_model, tmp_path, capsys):
+    """The link step prints `colibri size`'s one line for the part; a budget the linked image
+    exceeds (regions that fit) fails in one line naming it and the overflow, nothing left behind."""
+    out = build_model(small_ckpt, "int8c", "stm32h7")
+    fw = firmware.firmware_spec(load_target("stm32h7"))
+    cfg = firmware.link_config(fw, out.name, fw.part)
+    objs = [o for o in sorted((out / "obj").glob("*.o")) if not o.stem.endswith("_qemu")]
+    sources = objs + [out / f"{out.name}.ld", out / "manifest.json"]
+    outs = [tmp_path / f"x{ext}" for ext in (".elf", ".map", ".bin", ".hex", ".size.json")]
+
+    assert firmware._link_action(outs, sources, {"COLIBRI_FW": json.dumps(cfg)}) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"colibri size: {summary_line(outs[0], 'stm32h7')} · stack bound ")
+    report = json.loads(outs[4].read_text())
+    flash, ram = report["regions"]["flash"]["bytes"], report["regions"]["ram"]["bytes"]
+    assert report["budget"]["flash"]["used"] == flash and report["image_stack"]["reserved"] == fw.stack_bytes
+
+    for key, used in (("flash", flash), ("ram", ram)):
+        tight = {**cfg, f"{key}_budget": used - 100}
+        assert firmware._link_action(outs, sources, {"COLIBRI_FW": json.dumps(tight)}) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == (f"colibri: stm32h7: model {out.name} does not fit: {key} overflowed by 100 bytes "
+                       f"(budget {used - 100})")
+        assert not any(p.exists() for p in outs)
 
 
 @pytest.mark.skipif(bool(_missing("stm32h7")), reason="arm-none-eabi toolchain or QEMU missing")

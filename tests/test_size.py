@@ -18,7 +18,7 @@ import pytest
 
 from colibri.toolchain.cli import main as cli_main
 from colibri.toolchain.size import SCHEMA
-from colibri.toolchain.size.audit import Options, audit
+from colibri.toolchain.size.audit import Options, audit, overruns
 from colibri.toolchain.size.command import check_budget, summary_line
 from colibri.toolchain.size.regions import parse_budget, parse_bytes
 from colibri.toolchain.size.stack import CallGraph, analyze, load_graph, read_ci
@@ -261,9 +261,22 @@ def test_target_budget_and_summary_line(firmware_builds, board_toml, tmp_path, c
     tight = tmp_path / "tight.toml"
     tight.write_text(board_toml.read_text().replace('flash = "200K"', 'flash = "8K"'))
     problems = check_budget(elf, str(tight))
-    assert len(problems) == 1 and "flash" in problems[0]
+    used = audit(elf, Options(target=str(board_toml), stack=False))["regions"]["flash"]["bytes"]
+    assert problems == [f"colibri_fw.elf: flash overflowed by {used - 8192} bytes (budget 8192)"]
     code, _, err = run_cli(str(elf), "--target", str(tight), "--no-stack", capsys=capsys)
     assert code == 1 and "flash" in err
+
+
+def test_overruns_one_line_each():
+    """The one budget decision: check_budget, `colibri size` and the firmware link step all use it."""
+    regions = {"flash": {"bytes": 1000}, "ram": {"bytes": 300}}
+    memory = [{"name": "FLASH", "kind": "flash", "size": 1024, "used": 1000},
+              {"name": "SRAM", "kind": "ram", "size": 256, "used": 300}]
+    assert overruns(regions, memory, {"flash": 1024, "ram": 512}) == [
+        "SRAM overflowed by 44 bytes (region 256 bytes, ram budget 512)"]
+    assert overruns(regions, memory, {"flash": 900}) == [
+        "flash overflowed by 100 bytes (budget 900)", "SRAM overflowed by 44 bytes (region 256 bytes)"]
+    assert overruns(regions, [], {"flash": 1000, "ram": 300}) == []
 
 
 def test_post_link_hook_fails_scons_build(firmware_builds, board_toml, tmp_path):

@@ -10,7 +10,9 @@ firmware_outputs() adds to the SCons graph, under build/<target>/<model>/:
   <model>.ld, <model>.elf/.map/.bin/.hex, <model>.size.json   the part
   <model>-qemu.ld, <model>-qemu.elf/.map                      the image QEMU boots
 The link step refuses (one line, no image left behind) a stack reservation below the
-computed bound, a region overflow and a flash/RAM budget overrun.
+computed bound, a region overflow and a flash/RAM budget overrun. Flash, RAM and budgets
+are toolchain/size's (`colibri size` on the .elf reports what .size.json holds); only the
+stack bound of the whole image, reset path plus exception handlers, is computed here.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from .size.audit import Options, audit, over_budget, region_overflow
+from .size.command import report_line
+from .size.regions import MemoryRegion
 from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
@@ -53,28 +58,10 @@ class FirmwareError(Exception):
 
 
 @dataclass(frozen=True)
-class Region:
-    name: str
-    origin: int
-    length: int
-    kind: str  # "flash" | "ram"
-
-    @property
-    def attrs(self) -> str:
-        return "rx" if self.kind == "flash" else "rwx"
-
-    def holds(self, addr: int, size: int = 0) -> bool:
-        return self.origin <= addr and addr + size <= self.origin + self.length
-
-
-@dataclass(frozen=True)
 class Variant:
     name: str  # "part" | "qemu"
-    regions: tuple[Region, ...]
+    regions: tuple[MemoryRegion, ...]
     place: dict
-
-    def region(self, name: str) -> Region:
-        return next(r for r in self.regions if r.name == name)
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,7 @@ def _int(value, what: str, path: str) -> int:
     return value
 
 
-def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> tuple[Region, ...]:
+def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> tuple[MemoryRegion, ...]:
     if not isinstance(raw, list) or not raw:
         raise TargetError(f"{path}: {what} must be a non-empty list of {{name, origin, length, kind}}")
     out = []
@@ -108,15 +95,15 @@ def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> 
         kind = r.get("kind") or (kinds or {}).get(name)
         if not name or kind not in ("flash", "ram"):
             raise TargetError(f"{path}: {what}: region {r!r} needs a name and kind = \"flash\" or \"ram\"")
-        out.append(Region(name, _int(r.get("origin"), f"{name}.origin", path),
-                          _int(r.get("length"), f"{name}.length", path), kind))
+        out.append(MemoryRegion(name, _int(r.get("origin"), f"{name}.origin", path),
+                                _int(r.get("length"), f"{name}.length", path), kind))
     names = [r.name for r in out]
     if len(set(names)) != len(names):
         raise TargetError(f"{path}: {what}: duplicate region names {names}")
     return tuple(out)
 
 
-def _variant(name: str, regions: tuple[Region, ...], place: dict, path: str) -> Variant:
+def _variant(name: str, regions: tuple[MemoryRegion, ...], place: dict, path: str) -> Variant:
     missing = [k for k in PLACEMENT_KEYS if k not in place]
     unknown = [k for k in place if k not in PLACEMENT_KEYS]
     if missing or unknown:
@@ -210,6 +197,8 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
     """The firmware images of one model for one target (same shape as sconsbuild._linux_outputs)."""
     from SCons.Script import Action, Exit, Value  # type: ignore[import-not-found]
 
+    from .sconsbuild import COPY, _write_value_action
+
     try:
         fw = firmware_spec(t)
     except TargetError as e:
@@ -230,8 +219,8 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
 
         o = obj / stem
         extra = " ".join(f"-D{d}" for d in defines or [])
-        return e.Command([f"{o}.o", f"{o}.su", f"{o}.ci"], src,
-                         f"$CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM {extra} $SOURCES",
+        cmd = f"$CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM {extra} $SOURCES"
+        return e.Command([f"{o}.o", f"{o}.su", f"{o}.ci"], src, Action(cmd, "$CCCOMSTR"),  # unset: the command
                          source_scanner=CScanner())[0]
 
     runtime = [compile_c(runtime_env, Path(s).stem, str(ROOT / "runtime_c/src" / s)) for s in RUNTIME_SRC]
@@ -243,7 +232,8 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
     for src in fam["sources"]:
         stem = Path(src).stem
         if src.endswith(".S"):
-            board[src] = fenv.Object(str(obj / f"{stem}.o"), str(FW_DIR / src))[0]
+            # -g: a compile unit for the audit to attribute _start to
+            board[src] = fenv.Object(str(obj / f"{stem}.o"), str(FW_DIR / src), ASPPFLAGS=list(t.cflags) + ["-g"])[0]
         else:
             board[src] = compile_c(fenv, stem, str(FW_DIR / src))
     qemu_board = dict(board)
@@ -253,6 +243,8 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
         src = fam["sources"][0]
         qemu_board[src] = compile_c(fenv, f"{Path(src).stem}_qemu", str(FW_DIR / src), defines)
 
+    # beside the image, where `colibri size` looks for it; a source of the link, whose report uses it
+    manifest = fenv.Command(str(out / "manifest.json"), gen["manifest.json"], COPY)
     outputs = []
     variants = [("part", fw.part, name, app + list(board.values()))]
     if fw.qemu is not None or qemu_board != board:
@@ -260,47 +252,35 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
     part_elf = None
     for vname, variant, stem, app_objs in variants:
         ld = fenv.Command(str(out / f"{stem}.ld"), Value(render_linker_script(fw, variant)),
-                          Action(_write_value, "Generating $TARGET"))
+                          Action(_write_value_action, "GEN    $TARGET"))
         targets = [str(out / f"{stem}{ext}") for ext in (".elf", ".map")]
         if vname == "part":
             targets += [str(out / f"{stem}{ext}") for ext in (".bin", ".hex", ".size.json")]
-        vcfg = link_config(fw, name, variant, [str(o) for o in runtime])
-        elf = fenv.Command(targets, runtime + model + app_objs + ld,
-                           Action(_link_action, "Linking $TARGET", varlist=["COLIBRI_FW"]),
+        vcfg = link_config(fw, name, variant)
+        elf = fenv.Command(targets, runtime + model + app_objs + ld + manifest,
+                           Action(_link_action, "LINK   $TARGET", varlist=["COLIBRI_FW"]),
                            COLIBRI_FW=json.dumps(vcfg, sort_keys=True))
         if part_elf is not None:  # a part that does not fit stops the build before QEMU's twin
             fenv.Depends(elf, part_elf)
         else:
             part_elf = elf[0]
         outputs += elf
-    manifest = fenv.Command(str(out / "manifest.json"), gen["manifest.json"], Action(_copy, "Copying $TARGET"))
     return outputs + manifest
 
 
-def link_config(fw: Firmware, model: str, variant: Variant, runtime_objects: list[str]) -> dict:
+def link_config(fw: Firmware, model: str, variant: Variant) -> dict:
     """Everything the link step needs, as JSON-able data (it is also the link's signature)."""
     t, fam = fw.target, FAMILIES[fw.family]
     return {
         "target": t.name, "model": model, "family": fw.family, "variant": variant.name, "arch": t.arch,
         "cc": t.cc_argv, "linkflags": list(t.linkflags), "objcopy": t.tool("objcopy"),
-        "regions": [r.__dict__ for r in variant.regions], "place": variant.place,
+        "regions": [asdict(r) for r in variant.regions], "place": variant.place,
         "flash_budget": fw.flash_budget, "ram_budget": fw.ram_budget, "stack_bytes": fw.stack_bytes,
         "reset": list(fam["reset"]), "handlers": list(fam["handlers"]), "exception_frame": fam["exception_frame"],
-        "runtime_objects": runtime_objects,
     }
 
 
-def _write_value(target, source, env):  # noqa: ARG001 - SCons action signature
-    Path(str(target[0])).write_text(source[0].get_contents().decode())
-    return 0
-
-
-def _copy(target, source, env):  # noqa: ARG001
-    Path(str(target[0])).write_bytes(Path(str(source[0])).read_bytes())
-    return 0
-
-
-def _link_action(target, source, env):
+def _link_action(target, source, env):  # SCons action signature
     cfg = json.loads(env["COLIBRI_FW"])
     outs = [Path(str(t)) for t in target]
     try:
@@ -316,17 +296,21 @@ def _link_action(target, source, env):
     return 0
 
 
-# --- link, audit --------------------------------------------------------------------------------
+# --- link, audit ---------------------------------------------------------------------------------
 
 
 _OVERFLOW = re.compile(r"region [`']([^']+)' overflowed by (\d+) bytes")
 
 
 def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
+    """Link one variant; for the part, check its budgets, write .bin/.hex and the size report.
+
+    Returns the build log's line (empty for the QEMU variant); FirmwareError when the image
+    cannot be made. The audit and the budget decision are toolchain/size's, as in every build."""
     elf, map_ = outs[0], outs[1]
     ld = next(s for s in sources if s.suffix == ".ld")
     objs = [s for s in sources if s.suffix == ".o"]
-    regions = [Region(**r) for r in cfg["regions"]]
+    manifest = next((s for s in sources if s.name == "manifest.json"), None)
     stack = stack_bound(cfg, objs)
     if stack["bytes"] > cfg["stack_bytes"]:
         raise FirmwareError(f"needs {stack['bytes']} bytes of stack ({' > '.join(stack['path'])}) "
@@ -335,162 +319,44 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
         "-nostartfiles", "-T", str(ld), f"-Wl,-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
         "-o", str(elf)] + [str(o) for o in objs] + ["-lm"]
     res = subprocess.run(argv, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise FirmwareError(_link_failure(res.stderr, regions, cfg))
-    audit = audit_image(elf, map_, regions, cfg)
-    audit["stack"] = stack
+    if res.returncode != 0:  # the linker's own region check comes first
+        raise FirmwareError(_link_failure(res.stderr, cfg))
     if cfg["variant"] != "part":
         return ""
-    flash, ram = audit["flash_used"], audit["ram_used"]
-    if flash > cfg["flash_budget"]:
-        raise FirmwareError(f"does not fit: flash overflowed by {flash - cfg['flash_budget']} bytes "
-                            f"(budget {cfg['flash_budget']})")
-    if ram > cfg["ram_budget"]:
-        raise FirmwareError(f"does not fit: RAM overflowed by {ram - cfg['ram_budget']} bytes "
-                            f"(budget {cfg['ram_budget']})")
+    report = audit(elf, Options(manifest=manifest, target=cfg["target"],
+                                budget={"flash": cfg["flash_budget"], "ram": cfg["ram_budget"]},
+                                stack_dirs=sorted({o.parent for o in objs})))
+    problems = over_budget(report)
+    if problems:
+        raise FirmwareError("does not fit: " + "; ".join(problems))
+    rows = {r["name"]: r for r in report["sections"]}
+    for need, kind in ((".rodata.model", "flash"), (".bss.colibri_arena", "ram")):
+        if not rows.get(need, {}).get(kind):
+            raise FirmwareError(f"{need} is not in a {kind} region")
     for fmt, path in (("binary", outs[2]), ("ihex", outs[3])):
         res = subprocess.run([cfg["objcopy"], "-O", fmt, str(elf), str(path)], capture_output=True, text=True)
         if res.returncode != 0:
             raise FirmwareError(f"objcopy -O {fmt} failed: {res.stderr.strip().splitlines()[-1:]}")
-    outs[4].write_text(json.dumps(audit, indent=2) + "\n")
-    return (f"colibri: {cfg['target']} {cfg['model']}: flash {flash} / {cfg['flash_budget']} "
-            f"({100 * flash / cfg['flash_budget']:.1f}%), RAM {ram} / {cfg['ram_budget']} "
-            f"({100 * ram / cfg['ram_budget']:.1f}%); code without weights and libc {audit['code_bytes']} B "
-            f"(runtime .text {audit['runtime_text']} B); stack bound {stack['bytes']} / {cfg['stack_bytes']} B"
-            + (f" (forward path {stack['forward']['charged']} B)" if stack["forward"] else ""))
+    report["image_stack"] = stack
+    outs[4].write_text(json.dumps(report, indent=1) + "\n")
+    return (f"colibri size: {report_line(report)} · stack bound {stack['bytes']:,} B "
+            f"(reserved {cfg['stack_bytes']:,})")
 
 
-def _link_failure(stderr: str, regions: list[Region], cfg: dict) -> str:
+def _link_failure(stderr: str, cfg: dict) -> str:
     """The linker's complaint as one line: the region, the overflow, the budget."""
-    overflows = {}
+    overflows: dict[str, int] = {}
     for region, n in _OVERFLOW.findall(stderr):
         overflows[region] = max(overflows.get(region, 0), int(n))
     if overflows:
-        parts = []
-        for region, n in overflows.items():
-            r = next((x for x in regions if x.name == region), None)
-            where = f" (region {r.length} bytes, {r.kind} budget {cfg[r.kind + '_budget']})" if r else ""
-            parts.append(f"{region} overflowed by {n} bytes{where}")
-        return "does not fit: " + "; ".join(parts)
+        regions = {r["name"]: r for r in cfg["regions"]}
+        limits = {"flash": cfg["flash_budget"], "ram": cfg["ram_budget"]}
+        return "does not fit: " + "; ".join(
+            region_overflow(name, n, regions[name]["length"], regions[name]["kind"], limits) if name in regions
+            else f"{name} overflowed by {n} bytes" for name, n in overflows.items())
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln] or lines
     return "link failed: " + (errors[0] if errors else "no output from the linker")
-
-
-def _lib_member(path: str) -> bool:
-    return bool(re.search(r"\.a\([^)]*\)\s*$", path)) or "/libgcc" in path or path.endswith(".a")
-
-
-def parse_map(text: str) -> list[tuple[str, str, int, int, str]]:
-    """(output section, input section, address, size, file) of each input section in a GNU ld map."""
-    start = text.find("Linker script and memory map")
-    lines = text[start:].splitlines() if start >= 0 else []
-    out, current, pending = [], None, None
-    head = re.compile(r"^(\.\S+|/DISCARD/|COMMON)\s*(?:\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+))?")
-    inp = re.compile(r"^ (\S+)\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)\s+(\S.*)$")
-    cont = re.compile(r"^\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)\s+(\S.*)$")
-    for line in lines:
-        if not line.strip():
-            continue
-        if not line.startswith(" "):
-            m = head.match(line)
-            current = m.group(1) if m else None
-            pending = None
-            continue
-        m = inp.match(line)
-        if m and not m.group(1).startswith("*fill*"):
-            out.append((current, m.group(1), int(m.group(2), 16), int(m.group(3), 16), m.group(4).strip()))
-            pending = None
-            continue
-        if pending is not None:
-            c = cont.match(line)
-            if c and not c.group(3).startswith(("PROVIDE", "=")) and "." in c.group(3):
-                out.append((current, pending, int(c.group(1), 16), int(c.group(2), 16), c.group(3).strip()))
-            pending = None
-            continue
-        s = line.strip()
-        if line.startswith(" .") or line.startswith(" COMMON"):
-            pending = s if " " not in s else None
-    return out
-
-
-def audit_image(elf: Path, map_: Path, regions: list[Region], cfg: dict) -> dict:
-    """Flash and RAM use per region (pyelftools), the weights and arena placement, code size by owner."""
-    from elftools.elf.constants import SH_FLAGS
-    from elftools.elf.elffile import ELFFile
-
-    used = {r.name: 0 for r in regions}
-    sections = {}
-    with open(elf, "rb") as f:
-        e = ELFFile(f)
-        loads = [s for s in e.iter_segments() if s["p_type"] == "PT_LOAD"]
-        for sec in e.iter_sections():
-            if not sec["sh_flags"] & SH_FLAGS.SHF_ALLOC or sec["sh_size"] == 0:
-                continue
-            nobits = sec["sh_type"] == "SHT_NOBITS"
-            if nobits and sec["sh_flags"] & SH_FLAGS.SHF_TLS:
-                continue  # .tbss takes no room of its own; .tbss_space reserves it
-            vma, size = sec["sh_addr"], sec["sh_size"]
-            seg = next((s for s in loads if s.section_in_segment(sec)), None)
-            lma = seg["p_paddr"] + vma - seg["p_vaddr"] if seg is not None and not nobits else vma
-            r_vma = next((r for r in regions if r.holds(vma, size)), None)
-            r_lma = next((r for r in regions if r.holds(lma, size)), None)
-            if r_vma is None:
-                raise FirmwareError(f"section {sec.name} at {vma:#x} lies outside every region of the map")
-            used[r_vma.name] += size
-            if not nobits and r_lma is not None and r_lma is not r_vma:
-                used[r_lma.name] += size
-            sections[sec.name] = {"vma": vma, "lma": lma, "size": size, "region": r_vma.name,
-                                  "load_region": r_lma.name if r_lma else None}
-        symbols = {}
-        symtab = e.get_section_by_name(".symtab")
-        for sym in symtab.iter_symbols() if symtab else ():
-            if sym.name in ("colibri_arena", "colibri_blob_data", "__stack_bottom", "__stack_top"):
-                symbols[sym.name] = {"value": sym["st_value"], "size": sym["st_size"]}
-    for need, kind in ((".rodata.model", "flash"), (".bss.colibri_arena", "ram")):
-        info = sections.get(need)
-        if info is None or next(r for r in regions if r.name == info["region"]).kind != kind:
-            raise FirmwareError(f"{need} is not in a {kind} region")
-    kinds = {r.name: r.kind for r in regions}
-    flash_used = sum(n for r, n in used.items() if kinds[r] == "flash")
-    ram_used = sum(n for r, n in used.items() if kinds[r] == "ram")
-
-    # Code by owner, from the map: what flash holds besides the weights and libc.
-    runtime_objs = {str(Path(o).resolve()) for o in cfg["runtime_objects"]}
-    flash_regions = [r for r in regions if r.kind == "flash"]
-    owners = {"runtime": 0, "model": 0, "app": 0, "libc": 0, "weights": 0}
-    runtime_text = 0
-    for out_sec, in_sec, _addr, size, path in parse_map(map_.read_text(errors="replace")):
-        info = sections.get(out_sec)
-        if info is None or size == 0:
-            continue
-        in_flash = any(r.holds(info["lma"]) for r in flash_regions) and info["lma"] is not None
-        nobits = in_sec.startswith((".bss", ".sbss", ".tbss", "COMMON")) or out_sec in (".stack",)
-        if not in_flash or nobits:
-            continue
-        if out_sec == ".rodata.model":
-            owner = "weights"
-        elif _lib_member(path):
-            owner = "libc"
-        elif str(Path(path).resolve()) in runtime_objs:
-            owner = "runtime"
-            if in_sec.startswith(".text"):
-                runtime_text += size
-        elif Path(path).name in ("model.o", "model_blob.o"):
-            owner = "model"
-        else:
-            owner = "app"
-        owners[owner] += size
-    return {
-        "target": cfg["target"], "model": cfg["model"], "variant": cfg["variant"],
-        "regions": [{"name": r.name, "origin": r.origin, "length": r.length, "kind": r.kind, "used": used[r.name]}
-                    for r in regions],
-        "flash_used": flash_used, "ram_used": ram_used,
-        "flash_budget": cfg["flash_budget"], "ram_budget": cfg["ram_budget"],
-        "sections": sections, "symbols": symbols, "flash_by_owner": owners,
-        "code_bytes": owners["runtime"] + owners["model"] + owners["app"],
-        "runtime_text": runtime_text,
-    }
 
 
 def stack_bound(cfg: dict, objs: list[Path]) -> dict:

@@ -182,13 +182,26 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     }
 
 
-def over_budget(report: dict) -> list[str]:
-    """'flash: 2.3 MiB used > 2.0 MiB budget' for each region over its budget."""
-    from .report import human
+def region_overflow(name: str, over: int, size: int, kind: str, limits: dict[str, int]) -> str:
+    """A memory region's overflow in GNU ld's words, with its size and the budget of its kind:
+    'AXI_SRAM overflowed by 1024 bytes (region 524288 bytes, ram budget 1048576)'."""
+    budget = f", {kind} budget {limits[kind]}" if kind in limits else ""
+    return f"{name} overflowed by {over} bytes (region {size} bytes{budget})"
 
-    out = []
-    for key, b in (report.get("budget") or {}).items():
-        if not b["ok"]:
-            out.append(f"{key}: {human(b['used'])} used > {human(b['limit'])} budget "
-                       f"({b['used'] - b['limit']:,} bytes over)")
-    return out
+
+def overruns(regions: dict, memory: list[dict], limits: dict[str, int]) -> list[str]:
+    """One line per budget (flash, ram) and per memory region exceeded: the decision behind the
+    post-link check (check_budget), the firmware link step and `colibri size`'s exit status."""
+    out = [f"{key} overflowed by {used - limit} bytes (budget {limit})"
+           for key, limit in limits.items() if (used := regions[key]["bytes"]) > limit]
+    return out + [region_overflow(m["name"], m["used"] - m["size"], m["size"], m["kind"], limits)
+                  for m in memory if m["used"] > m["size"]]
+
+
+def budget_limits(report: dict) -> dict[str, int]:
+    return {key: b["limit"] for key, b in (report.get("budget") or {}).items()}
+
+
+def over_budget(report: dict) -> list[str]:
+    """overruns() of a report: its budgets and its memory map."""
+    return overruns(report["regions"], report["memory"], budget_limits(report))

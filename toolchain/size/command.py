@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 from .. import targets as targets_mod
-from .audit import Options, audit, over_budget, quick_regions, resolve_target, target_budget
+from .audit import (
+    Options,
+    audit,
+    budget_limits,
+    over_budget,
+    overruns,
+    quick_regions,
+    resolve_target,
+    target_budget,
+)
 from .diff import diff, diff_csv, diff_table
 from .elf import SizeError
 from .regions import parse_budget
@@ -35,7 +44,15 @@ def summary_line(path: str | Path, target: str | targets_mod.Target | None = Non
     path = Path(path)
     t = _target_of(path, target)
     _, regions, usage = quick_regions(path, t)
-    budget = target_budget(t)
+    return _line(path.name, regions, usage, target_budget(t))
+
+
+def report_line(report: dict) -> str:
+    """summary_line() of a full report (the firmware build prints this one)."""
+    return _line(Path(report["file"]).name, report["regions"], report["memory"], budget_limits(report))
+
+
+def _line(name: str, regions: dict, usage: list[dict], budget: dict[str, int]) -> str:
     parts = []
     for key, label, detail in (("flash", "flash", "weights"), ("ram", "RAM", "arena")):
         used = regions[key]["bytes"]
@@ -50,21 +67,18 @@ def summary_line(path: str | Path, target: str | targets_mod.Target | None = Non
         if regions[key]["parts"].get(detail):
             text += ("; " if text else "") + f"{detail} {regions[key]['parts'][detail]:,}"
         parts.append(f"{label} {used:,} B" + (f" ({text})" if text else ""))
-    return f"{path.name}: " + " · ".join(parts)
+    return f"{name}: " + " · ".join(parts)
 
 
 def check_budget(path: str | Path, target: str | targets_mod.Target | None = None,
                  budget: dict[str, int] | None = None) -> list[str]:
-    """Messages naming each region over its budget (the target's, updated by budget); [] when within."""
+    """'fw.elf: flash overflowed by N bytes (budget B)' for each budget (the target's, updated by
+    budget) and memory region exceeded; [] when within."""
     path = Path(path)
     t = _target_of(path, target)
     _, regions, usage = quick_regions(path, t)
     limits = {**target_budget(t), **(budget or {})}
-    out = [f"{path.name}: {key} {used:,} bytes > budget {limit:,} ({used - limit:,} over)"
-           for key, limit in limits.items() if (used := regions[key]["bytes"]) > limit]
-    out += [f"{path.name}: memory region {m['name']} overflows: {m['used']:,} > {m['size']:,} bytes"
-            for m in usage if m["used"] > m["size"]]
-    return out
+    return [f"{path.name}: {msg}" for msg in overruns(regions, usage, limits)]
 
 
 def _is_binary(path: Path) -> bool:

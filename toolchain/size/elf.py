@@ -327,7 +327,10 @@ def _units(elf: ELFFile, linked: bool) -> list[CompileUnit]:
         top = cu.get_top_DIE()
         unit = CompileUnit(_attr_str(top, "DW_AT_name"), _attr_str(top, "DW_AT_comp_dir"),
                            _attr_str(top, "DW_AT_producer"), cu["unit_length"])
-        unit.ranges = aranges.get(cu.cu_offset) or _cu_ranges(dwarf, cu, top)
+        # both: pyelftools ends a unit's aranges at the first (0, 0) entry, which --gc-sections
+        # leaves mid-list for each discarded function, losing the ranges after it
+        both = set(aranges.get(cu.cu_offset, [])) | set(_cu_ranges(dwarf, cu, top))
+        unit.ranges = sorted((lo, hi) for lo, hi in both if hi > lo)
         unit.variables = _cu_variables(top)
         units.append(unit)
     return units

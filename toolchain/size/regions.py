@@ -28,8 +28,14 @@ class MemoryRegion:
     length: int
     kind: str  # "flash" | "ram"
 
-    def holds(self, addr: int) -> bool:
-        return self.origin <= addr < self.origin + self.length
+    @property
+    def attrs(self) -> str:
+        """Linker-script MEMORY attributes."""
+        return "rx" if self.kind == "flash" else "rwx"
+
+    def holds(self, addr: int, size: int = 0) -> bool:
+        """[addr, addr + size) lies within the region (size 0: the byte at addr)."""
+        return self.origin <= addr and addr + max(size, 1) <= self.origin + self.length
 
 
 def parse_bytes(text: str | int) -> int:
