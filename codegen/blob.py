@@ -20,13 +20,23 @@ from .spec import ModelSpec
 
 MAGIC = 0x52424C43
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1  # written only when a 1.1 feature is used; a blob without one stays 1.0, byte for byte
 HEADER_FIXED = 256
 ENTRY_BYTES = 64
 ALIGN = 64
 ROW_ALIGN = 16
 LAYOUT_ROWMAJOR16 = 1
 FLAG_TIED = 1
+# 1.1 feature flags (FORMAT.md "Feature flags")
+FLAG_QKV_BIAS = 1 << 1
+FLAG_QK_NORM_HEAD = 1 << 2
+FLAG_QK_NORM_FULL = 1 << 3
+FLAG_TOPK_NO_NORM = 1 << 4
+FLAG_SHARED_EXPERT = 1 << 5
+FLAG_SHARED_GATE = 1 << 6
+FLAG_DENSE_LAYERS = 1 << 7
+FLAG_ROUTED_SCALE = 1 << 8
+DENSE_BITMAP_BYTES = 32
 
 KINDS = {
     "embed": 1,
@@ -43,12 +53,26 @@ KINDS = {
     "up": 12,
     "final_norm": 13,
     "lm_head": 14,
+    "attn.q_bias": 15,
+    "attn.k_bias": 16,
+    "attn.v_bias": 17,
+    "attn.q_norm": 18,
+    "attn.k_norm": 19,
+    "moe.shared_gate": 20,
+    "shared.gate": 21,
+    "shared.down": 22,
+    "shared.up": 23,
+    "mlp.gate": 24,
+    "mlp.down": 25,
+    "mlp.up": 26,
 }
 DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4}
 ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}
 SCALE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 
 _HEADER = struct.Struct("<IHHIIQII" + "I" * 11 + "ff" + "IQ" + "Q" * 11)
+_HEADER_11 = struct.Struct("<QQIIfI32s")  # at offset 184: buffer_offset[11..12], shared_ffn, dense_ffn,
+_HEADER_11_OFFSET = 184                    # routed_scale, reserved, dense-layer bitmap
 _ENTRY = struct.Struct("<HHHBBIIIIII" + "QQQQ")
 
 
@@ -60,6 +84,8 @@ def kind_of(name: str) -> tuple[int, int, int]:
     layer = int(parts[1])
     if parts[2:4] == ["moe", "experts"]:
         return KINDS[parts[5]], layer, int(parts[4])
+    if parts[2:4] == ["moe", "shared"]:
+        return KINDS["shared." + parts[4]], layer, 0
     return KINDS[".".join(parts[2:])], layer, 0
 
 
@@ -72,6 +98,30 @@ class TensorRecord:
     offset: int  # first byte of the tensor's weights in the blob
     nbytes: int  # bytes from offset to the end of its last part (with inner padding)
     n_outliers: int
+
+
+def feature_flags(spec: ModelSpec) -> int:
+    """Header flags of a spec: bit 0 tied, the rest the 1.1 features (0 beyond bit 0 for Mixtral)."""
+    return ((FLAG_TIED if spec.tied else 0)
+            | (FLAG_QKV_BIAS if spec.qkv_bias else 0)
+            | (FLAG_QK_NORM_HEAD if spec.qk_norm == "head" else 0)
+            | (FLAG_QK_NORM_FULL if spec.qk_norm == "full" else 0)
+            | (0 if spec.norm_topk_prob else FLAG_TOPK_NO_NORM)
+            | (FLAG_SHARED_EXPERT if spec.shared_ffn else 0)
+            | (FLAG_SHARED_GATE if spec.shared_gate else 0)
+            | (FLAG_DENSE_LAYERS if spec.dense_layers else 0)
+            | (FLAG_ROUTED_SCALE if spec.routed_scale != 1.0 else 0))
+
+
+def format_version(spec: ModelSpec) -> str:
+    return f"{VERSION_MAJOR}.{VERSION_MINOR if feature_flags(spec) & ~FLAG_TIED else 0}"
+
+
+def dense_bitmap(spec: ModelSpec) -> bytes:
+    bits = bytearray(DENSE_BITMAP_BYTES)
+    for layer in spec.dense_layers:
+        bits[layer // 8] |= 1 << (layer % 8)
+    return bytes(bits)
 
 
 def header_bytes(n_tensors: int) -> int:
@@ -132,14 +182,22 @@ class BlobWriter:
             raise AssertionError(f"blob has {len(self.entries)} tensors, expected {self.n_tensors}")
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
+        flags = feature_flags(spec)
+        minor = VERSION_MINOR if flags & ~FLAG_TIED else 0
         header = _HEADER.pack(
-            MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, self.header_bytes, blob_bytes, self.n_tensors,
-            FLAG_TIED if spec.tied else 0, LAYOUT_ROWMAJOR16,
+            MAGIC, VERSION_MAJOR, minor, 0, self.header_bytes, blob_bytes, self.n_tensors,
+            flags, LAYOUT_ROWMAJOR16,
             spec.vocab, spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim,
             spec.ffn, spec.n_experts, spec.top_k, max_seq,
             spec.rms_eps, spec.rope_theta, len(plan.buffers), plan.arena_bytes,
-            *(b.offset for b in plan.buffers),
+            *(b.offset for b in plan.buffers[:11]),
         )
+        if minor:
+            extra = [b.offset for b in plan.buffers[11:]]
+            extra += [0] * (2 - len(extra))
+            header += _HEADER_11.pack(*extra, spec.shared_ffn, spec.dense_ffn,
+                                      spec.routed_scale if flags & FLAG_ROUTED_SCALE else 0.0, 0,
+                                      dense_bitmap(spec))
         head = header.ljust(HEADER_FIXED, b"\0") + b"".join(self.entries)
         head = head.ljust(self.header_bytes, b"\0")
         self.f.seek(0)
@@ -165,4 +223,9 @@ def read_header(path: Path) -> dict:
     ).split()
     out = dict(zip(keys, v[: len(keys)], strict=True))
     out["buffer_offsets"] = list(v[len(keys) :])
+    raw = Path(path).read_bytes()[:HEADER_FIXED]
+    b11, b12, shared_ffn, dense_ffn, scale, _, bitmap = _HEADER_11.unpack_from(raw, _HEADER_11_OFFSET)
+    out["buffer_offsets"] += [b11, b12][: max(0, out["n_buffers"] - 11)]
+    out.update(shared_ffn=shared_ffn, dense_ffn=dense_ffn, routed_scale=scale if out["flags"] & FLAG_ROUTED_SCALE
+               else 1.0, dense_layers=[i for i in range(8 * DENSE_BITMAP_BYTES) if bitmap[i // 8] >> (i % 8) & 1])
     return out

@@ -79,6 +79,13 @@ def _locate(directory: Path) -> tuple[dict[str, tuple[SafetensorsFile, TensorInf
     return where, listing
 
 
+def _min_tensor_count(spec: ModelSpec) -> int:
+    """A lower bound of len(canonical_names(spec)), without listing them: embed and final_norm; per
+    layer the attention norm, q, k, v, o and the ffn norm, then a dense MLP or a router and experts."""
+    n_dense = len(spec.dense_layers)
+    return 2 + 6 * spec.n_layers + 3 * n_dense + (spec.n_layers - n_dense) * (1 + 3 * spec.n_experts)
+
+
 class Checkpoint:
     """A validated checkpoint; `get` reads one canonical tensor as float32."""
 
@@ -142,6 +149,12 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     spec = importer.parse_config(config, config_path)
     where, listing = _locate(directory)
 
+    # A config far larger than the files (say 60000 layers of 60000 experts) would have us list
+    # billions of tensor names just to report the first missing one: say what is wrong instead.
+    at_least = _min_tensor_count(spec)
+    if at_least > 4 * len(where) + 1024:
+        raise ExportError(config_path, f"describes {spec.n_layers} layers of {spec.n_experts} experts, at least "
+                                       f"{at_least} tensors, but the checkpoint files hold {len(where)}")
     sources: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
     expected = importer.tensor_map(spec)
     for canonical, name in expected.items():

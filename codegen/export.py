@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .blob import BlobWriter
+from .blob import BlobWriter, feature_flags, format_version
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir
 from .errors import ExportError
@@ -31,6 +31,8 @@ HIGHER_PRECISION = {
     "norms": "RMSNorm weights scale every activation; a vector per layer, negligible size",
     "router": "top-k routing is a discrete choice: a small error flips experts; n_experts rows only",
     "rope_freq": "rotary inverse frequencies, head_dim/2 floats",
+    "biases": "q/k/v biases (Qwen2-MoE) are added unscaled to every projection; a vector each",
+    "shared_gate": "the shared expert's sigmoid gate (Qwen2-MoE) is one row, like the router",
 }
 
 
@@ -43,6 +45,7 @@ class ExportOptions:
     prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: a fixed one
     generate: int = 16
     predict: bool = True
+    prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
 
 
 @dataclass
@@ -57,7 +60,7 @@ def default_max_seq(spec: ModelSpec) -> int:
 
 
 def _tensor_quant(name: str, quant: str) -> str:
-    if name.endswith("norm") or name.endswith("moe.router"):
+    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate")):
         return "f32"
     return quant
 
@@ -117,6 +120,10 @@ def export(
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
     max_seq, prompt = _validate_options(ckpt_dir, spec, opts)
+    source, pruning = ckpt, None
+    if opts.prune_experts:
+        source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
+        spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
     plan = plan_arena(spec, max_seq)
     names = canonical_names(spec)
@@ -133,8 +140,8 @@ def export(
                 if tname == "rope_freq":
                     writer.add(tname, QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
                     continue
-                w = ckpt.get(tname)
-                src_bytes += w.size * SOURCE_ITEMSIZE.get(ckpt.source_dtypes.get(tname, "F32"), 4)
+                w = source.get(tname)
+                src_bytes += w.size * SOURCE_ITEMSIZE.get(source.source_dtypes.get(tname, "F32"), 4)
                 tq = _tensor_quant(tname, opts.quant)
                 qt = quantize(w, tq, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
                 w_hat = qt.dequantize().reshape(w.shape)
@@ -156,6 +163,12 @@ def export(
                 if keep:
                     exact[tname], approx[tname] = w, w_hat
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
+        if pruning is not None:
+            pruning["flash_saved_bytes"] = _pruned_bytes(ckpt.spec, spec, rows)
+            report(f"pruned {pruning['n_experts']['before'] - spec.n_experts} of {ckpt.spec.n_experts} experts per "
+                   f"MoE layer: about {pruning['flash_saved_bytes']:,} bytes of flash saved; on the calibration set "
+                   f"max logit change {pruning['accuracy']['max_rel_logit_change']:.3e} (relative), argmax "
+                   f"agreement {pruning['accuracy']['argmax_agreement']:.1%}")
         n_weights = sum(int(np.prod(r["shape"])) for r in rows)
         total_bits = sum(r["payload_bits"] for r in rows)
         sq_err = sum((r["rel_error"] ** 2) * float(np.sum(exact[r["name"]].astype(np.float64) ** 2))
@@ -171,7 +184,7 @@ def export(
             "quant": {"scheme": opts.quant, "group_size": opts.group_size, "outlier_frac": opts.outlier_frac},
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
-            "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc, "format_version": "1.0"},
+            "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc, "format_version": format_version(spec)},
             "arena": plan.to_json(),
             "totals": {
                 "weights": n_weights,
@@ -179,6 +192,7 @@ def export(
                 "rel_error": (sq_err / sq_norm) ** 0.5 if keep and sq_norm else None,
             },
             "predicted_logit_error": prediction,
+            "pruning": pruning,
             "default_prompt": prompt,
             "default_generate": opts.generate,
             "tensors": rows,
@@ -187,10 +201,39 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": opts.generate,
+            "prompt": prompt, "generate": opts.generate, "flags": feature_flags(spec),
         })
     report(_summary(manifest, src_bytes, export_s))
     return ExportResult(name, Path(out_dir), manifest)
+
+
+def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
+    from .prune import PrunedWeights, accuracy_change, plan_pruning, read_calibration
+
+    spec = ckpt.spec
+    if not spec.moe_layers:
+        raise ExportError(ckpt.path, "--prune-experts: the model has no MoE layers")
+    seqs = read_calibration(calib, spec.vocab)
+    report(f"pruning: routing {sum(min(len(s), max_seq) for s in seqs)} calibration tokens through the reference")
+    pplan, before = plan_pruning(spec, ckpt, seqs, max_seq)
+    source = PrunedWeights(ckpt, pplan)
+    info = pplan.to_json(spec.n_experts)
+    info["calibration"] = {"file": str(calib), "sequences": len(seqs)}
+    info["accuracy"] = accuracy_change(pplan.spec, source, seqs, max_seq, before)
+    return source, info
+
+
+def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:
+    """Blob bytes the dropped experts would have taken: their tensors (the mean of the kept experts', exact
+    unless int8c corrections differ), their table entries and their router rows."""
+    from .blob import ENTRY_BYTES, ROW_ALIGN
+    from .plan import align_up
+
+    n_dropped = (before.n_experts - after.n_experts) * len(after.moe_layers)
+    expert_rows = [r for r in rows if ".experts." in r["name"]]
+    per_expert = sum(r["bytes"] for r in expert_rows) / max(1, len(expert_rows) // 3)
+    router_row = align_up(after.hidden * 4, ROW_ALIGN)
+    return round(n_dropped * (per_expert + 3 * ENTRY_BYTES + router_row))
 
 
 def _tensor_line(row: dict) -> str:

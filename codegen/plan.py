@@ -28,7 +28,11 @@ BUFFER_LIFETIMES: tuple[tuple[str, int, int], ...] = (
     ("gate", 8, 8),
     ("up", 8, 8),
     ("moe", 8, 9),
+    # format 1.1, only in models with a shared expert or dense layers: their MLP's gate and up
+    ("xgate", 8, 8),
+    ("xup", 8, 8),
 )
+N_BASE_BUFFERS = 11
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -82,18 +86,27 @@ def buffer_elements(spec: ModelSpec, max_seq: int) -> dict[str, int]:
         "gate": spec.ffn,
         "up": spec.ffn,
         "moe": spec.hidden,
+        "xgate": max(spec.shared_ffn, spec.dense_ffn),
+        "xup": max(spec.shared_ffn, spec.dense_ffn),
     }
+
+
+def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
+    """The buffers a model needs: the 11 of format 1.0, plus xgate and xup for a shared expert or dense MLP."""
+    extra = spec.shared_ffn or spec.dense_ffn
+    return BUFFER_LIFETIMES if extra else BUFFER_LIFETIMES[:N_BASE_BUFFERS]
 
 
 def plan_arena(spec: ModelSpec, max_seq: int) -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
     buffer whose lifetime overlaps its own (TFLite Micro's greedy planner)."""
     elems = buffer_elements(spec, max_seq)
-    sizes = {name: align_up(elems[name] * F32) for name, _, _ in BUFFER_LIFETIMES}
-    order = sorted(range(len(BUFFER_LIFETIMES)), key=lambda i: (-sizes[BUFFER_LIFETIMES[i][0]], i))
+    lifetimes = buffer_lifetimes(spec)
+    sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes}
+    order = sorted(range(len(lifetimes)), key=lambda i: (-sizes[lifetimes[i][0]], i))
     placed: dict[int, Buffer] = {}
     for i in order:
-        name, first, last = BUFFER_LIFETIMES[i]
+        name, first, last = lifetimes[i]
         cand = Buffer(name, sizes[name], first, last, 0)
         busy = sorted((b.offset, b.offset + b.nbytes) for b in placed.values() if b.live_with(cand))
         offset = CTX_BYTES
@@ -102,7 +115,7 @@ def plan_arena(spec: ModelSpec, max_seq: int) -> ArenaPlan:
                 break
             offset = max(offset, hi)
         placed[i] = Buffer(name, cand.nbytes, first, last, offset)
-    buffers = tuple(placed[i] for i in range(len(BUFFER_LIFETIMES)))
+    buffers = tuple(placed[i] for i in range(len(lifetimes)))
     arena = max(b.offset + b.nbytes for b in buffers)
     return ArenaPlan(
         buffers=buffers,

@@ -1,4 +1,6 @@
-"""The numpy float32 reference forward pass: HuggingFace Mixtral semantics, one token at a time, KV cache.
+"""The numpy float32 reference forward pass: HuggingFace semantics of every supported family (Mixtral,
+Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-MoE; the ModelSpec's feature fields select the differences),
+one token at a time, KV cache.
 
 This is the oracle the C runtime is tested against, so it favours being obviously right over being fast.
 Prefill is computed token by token, which makes a prefill of n tokens identical to n single steps.
@@ -61,14 +63,18 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax over all experts, the top_k largest (ties -> lower index), renormalised to sum 1.
+def route(logits: np.ndarray, top_k: int, normalize: bool = True,
+          scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over all experts, the top_k largest (ties -> lower index), renormalised to sum 1
+    when `normalize` (HF norm_topk_prob), then multiplied by `scale` unless it is 1.
 
     Returns (experts in increasing index order, their weights).
     """
     probs = softmax(logits)
     chosen = np.argsort(-probs, kind="stable")[:top_k]
-    weights = probs[chosen] / np.sum(probs[chosen], dtype=F32)
+    weights = probs[chosen] / np.sum(probs[chosen], dtype=F32) if normalize else probs[chosen]
+    if scale != 1.0:
+        weights = weights * F32(scale)
     order = np.argsort(chosen)
     return chosen[order], weights[order].astype(F32)
 
@@ -95,6 +101,7 @@ class Reference:
         self.lm_head = self.w["embed"] if spec.tied else self.w["lm_head"]
         self.inv_freq = rope_inv_freq(spec)
         self.routing: list[np.ndarray] = []  # experts chosen in each layer for the last token
+        self.router_probs: dict[int, np.ndarray] = {}  # MoE layer -> softmax of its router, last token
         self.reset()
 
     def reset(self) -> None:
@@ -107,9 +114,17 @@ class Reference:
 
     def _attention(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}."
-        q = (w[p + "attn.q"] @ x).reshape(s.n_heads, s.head_dim)
-        k = (w[p + "attn.k"] @ x).reshape(s.n_kv_heads, s.head_dim)
-        v = (w[p + "attn.v"] @ x).reshape(s.n_kv_heads, s.head_dim)
+        q, k, v = w[p + "attn.q"] @ x, w[p + "attn.k"] @ x, w[p + "attn.v"] @ x
+        if s.qkv_bias:
+            q, k, v = q + w[p + "attn.q_bias"], k + w[p + "attn.k_bias"], v + w[p + "attn.v_bias"]
+        if s.qk_norm == "full":  # OLMoE: over all heads at once
+            q, k = rms_norm(q, w[p + "attn.q_norm"], s.rms_eps), rms_norm(k, w[p + "attn.k_norm"], s.rms_eps)
+        q = q.reshape(s.n_heads, s.head_dim)
+        k = k.reshape(s.n_kv_heads, s.head_dim)
+        v = v.reshape(s.n_kv_heads, s.head_dim)
+        if s.qk_norm == "head":  # Qwen3: each head on its own
+            q = np.stack([rms_norm(h, w[p + "attn.q_norm"], s.rms_eps) for h in q])
+            k = np.stack([rms_norm(h, w[p + "attn.k_norm"], s.rms_eps) for h in k])
         cos, sin = rope_cos_sin(self.inv_freq, self.pos)
         self.k_cache[layer, self.pos] = apply_rope(k, cos, sin)
         self.v_cache[layer, self.pos] = v
@@ -124,15 +139,28 @@ class Reference:
             out[h] = softmax(scores) @ self.v_cache[layer, :n, kv]
         return w[p + "attn.o"] @ out.reshape(-1)
 
+    def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        w = self.w
+        return w[prefix + "down"] @ (silu(w[prefix + "gate"] @ x) * (w[prefix + "up"] @ x))
+
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
-        w, p = self.w, f"layers.{layer}.moe."
-        experts, weights = route(w[p + "router"] @ x, self.spec.top_k)
+        s, w, p = self.spec, self.w, f"layers.{layer}.moe."
+        if s.is_dense(layer):
+            self.routing.append(np.zeros(0, dtype=np.int64))
+            return self._mlp(f"layers.{layer}.mlp.", x)
+        logits = w[p + "router"] @ x
+        self.router_probs[layer] = softmax(logits)
+        experts, weights = route(logits, s.top_k, s.norm_topk_prob, s.routed_scale)
         self.routing.append(experts)
         acc = np.zeros_like(x)
         for e, g in zip(experts, weights, strict=True):
-            q = f"{p}experts.{e}."
-            y = w[q + "down"] @ (silu(w[q + "gate"] @ x) * (w[q + "up"] @ x))
-            acc += y * g
+            acc += self._mlp(f"{p}experts.{e}.", x) * g
+        if s.shared_ffn:
+            shared = self._mlp(p + "shared.", x)
+            if s.shared_gate:
+                g = (w[p + "shared_gate"] @ x).astype(F32)
+                shared = (F32(1.0) / (F32(1.0) + np.exp(-g))) * shared
+            acc = acc + shared
         return acc
 
     def _step(self, token: int) -> np.ndarray:

@@ -74,13 +74,16 @@ class SafetensorsFile:
                 if len(prefix) < 8:
                     raise self._fail(f"not a safetensors file: {size} bytes, too short for the 8-byte header length")
                 n = int.from_bytes(prefix, "little")
-                if n > size - 8:
-                    raise self._fail(f"not a safetensors file or truncated: header length {n} exceeds "
-                                     f"the {size - 8} bytes after the length field")
+                # Most other files give an absurd length; a real header cut short gives a sane one
+                # and still starts with the '{' of its JSON.
                 if n > MAX_HEADER_BYTES:
                     raise self._fail(f"not a safetensors file: header length {n} exceeds the "
                                      f"{MAX_HEADER_BYTES}-byte limit of the format")
                 raw = f.read(n)
+                if n > size - 8:
+                    what = "truncated" if raw[:1] == b"{" else "not a safetensors file or truncated"
+                    raise self._fail(f"{what}: header length {n} exceeds the {size - 8} bytes after "
+                                     f"the length field")
         except OSError as e:
             raise self._fail(f"cannot read: {e.strerror or e}") from None
         if len(raw) != n:
@@ -131,6 +134,8 @@ class SafetensorsFile:
             raise self._fail(f"truncated: data_offsets [{begin}, {end}] run past the end of the data section "
                              f"({data_len} bytes)", name)
         expected = DTYPE_SIZES[dtype] * math.prod(shape)
+        if expected >= 1 << 64:
+            raise self._fail(f"shape {shape} of {dtype} is {expected} bytes, more than a 64-bit size can hold", name)
         if end - begin != expected:
             raise self._fail(f"byte length {end - begin} does not match dtype {dtype} x shape {shape} "
                              f"= {expected} bytes", name)

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ARCHES = ("mixtral",)
+ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
+QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
                "max_position")
@@ -34,11 +35,29 @@ class ModelSpec:
     rope_theta: float
     tied: bool
     max_position: int
+    # Family features (defaults: Mixtral). See README "Model families" for their HF origins.
+    qkv_bias: bool = False  # q/k/v projections carry biases (attn.{q,k,v}_bias)
+    qk_norm: str = "none"  # one of QK_NORMS (attn.q_norm / attn.k_norm)
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum 1
+    routed_scale: float = 1.0  # routing weights multiplied by this (DeepSeek routed_scaling_factor)
+    shared_ffn: int = 0  # intermediate size of the always-on shared expert (0: none)
+    shared_gate: bool = False  # shared expert output scaled by sigmoid(moe.shared_gate . x) (Qwen2-MoE)
+    dense_ffn: int = 0  # intermediate size of the dense MLP of the layers in dense_layers
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead of the MoE block, increasing
 
     def __post_init__(self) -> None:
+        if isinstance(self.dense_layers, list):
+            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         problem = _first_problem(self)
         if problem is not None:
             raise ValueError(f"invalid ModelSpec: {problem}")
+
+    def is_dense(self, layer: int) -> bool:
+        return layer in self.dense_layers
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [layer for layer in range(self.n_layers) if layer not in self.dense_layers]
 
     @property
     def q_dim(self) -> int:
@@ -54,13 +73,21 @@ class ModelSpec:
         """Number of weights in the canonical tensors (lm_head counted only when untied)."""
         return sum(math.prod(canonical_shape(self, n)) for n in canonical_names(self))
 
+    def active_param_count(self) -> int:
+        """Weights one token reads: everything but the experts it is not routed to."""
+        expert = 3 * self.hidden * self.ffn
+        return self.param_count() - len(self.moe_layers) * (self.n_experts - self.top_k) * expert
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["dense_layers"] = list(self.dense_layers)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ModelSpec:
-        names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{n: data[n] for n in names})
+        fields = dataclasses.fields(cls)
+        return cls(**{f.name: data[f.name] for f in fields
+                      if f.name in data or f.default is dataclasses.MISSING})
 
 
 def _first_problem(s: ModelSpec) -> str | None:
@@ -82,6 +109,28 @@ def _first_problem(s: ModelSpec) -> str | None:
             return f"{name} must be a positive finite number, got {v!r}"
     if not isinstance(s.tied, bool):
         return f"tied must be a bool, got {s.tied!r}"
+    for name in ("qkv_bias", "norm_topk_prob", "shared_gate"):
+        if not isinstance(getattr(s, name), bool):
+            return f"{name} must be a bool, got {getattr(s, name)!r}"
+    if s.qk_norm not in QK_NORMS:
+        return f"qk_norm {s.qk_norm!r} is not one of {', '.join(QK_NORMS)}"
+    v = s.routed_scale
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        return f"routed_scale must be a positive finite number, got {v!r}"
+    for name in ("shared_ffn", "dense_ffn"):
+        v = getattr(s, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return f"{name} must be a non-negative integer, got {v!r}"
+    if s.shared_gate and not s.shared_ffn:
+        return "shared_gate without a shared expert (shared_ffn 0)"
+    d = s.dense_layers
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in d) or list(d) != sorted(set(d)) \
+            or (d and not 0 <= d[0] <= d[-1] < s.n_layers):
+        return f"dense_layers must be increasing layer indices below {s.n_layers}, got {d!r}"
+    if bool(d) != bool(s.dense_ffn):
+        return "dense_layers and dense_ffn must be given together"
+    if len(d) > 256 or (d and d[-1] >= 256):
+        return "dense layers beyond layer 255 are not supported by the blob format"
     return None
 
 
@@ -90,17 +139,29 @@ def canonical_names(spec: ModelSpec) -> list[str]:
     names = ["embed"]
     for layer in range(spec.n_layers):
         p = f"layers.{layer}."
-        names += [p + "attn_norm", p + "attn.q", p + "attn.k", p + "attn.v", p + "attn.o", p + "ffn_norm",
-                  p + "moe.router"]
+        names += [p + "attn_norm", p + "attn.q", p + "attn.k", p + "attn.v", p + "attn.o"]
+        if spec.qkv_bias:
+            names += [p + "attn.q_bias", p + "attn.k_bias", p + "attn.v_bias"]
+        if spec.qk_norm != "none":
+            names += [p + "attn.q_norm", p + "attn.k_norm"]
+        names.append(p + "ffn_norm")
+        if spec.is_dense(layer):
+            names += [p + "mlp.gate", p + "mlp.down", p + "mlp.up"]
+            continue
+        names.append(p + "moe.router")
         for e in range(spec.n_experts):
             names += [f"{p}moe.experts.{e}.gate", f"{p}moe.experts.{e}.down", f"{p}moe.experts.{e}.up"]
+        if spec.shared_gate:
+            names.append(p + "moe.shared_gate")
+        if spec.shared_ffn:
+            names += [p + "moe.shared.gate", p + "moe.shared.down", p + "moe.shared.up"]
     names.append("final_norm")
     if not spec.tied:
         names.append("lm_head")
     return names
 
 
-def _layer_shape(spec: ModelSpec, rest: str) -> tuple[int, ...] | None:
+def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | None:
     h = spec.hidden
     fixed = {
         "attn_norm": (h,),
@@ -109,10 +170,27 @@ def _layer_shape(spec: ModelSpec, rest: str) -> tuple[int, ...] | None:
         "attn.k": (spec.kv_dim, h),
         "attn.v": (spec.kv_dim, h),
         "attn.o": (h, spec.q_dim),
-        "moe.router": (spec.n_experts, h),
     }
+    if spec.qkv_bias:
+        fixed.update({"attn.q_bias": (spec.q_dim,), "attn.k_bias": (spec.kv_dim,), "attn.v_bias": (spec.kv_dim,)})
+    if spec.qk_norm == "head":
+        fixed.update({"attn.q_norm": (spec.head_dim,), "attn.k_norm": (spec.head_dim,)})
+    elif spec.qk_norm == "full":
+        fixed.update({"attn.q_norm": (spec.q_dim,), "attn.k_norm": (spec.kv_dim,)})
+    if spec.is_dense(layer):
+        f = spec.dense_ffn
+        fixed.update({"mlp.gate": (f, h), "mlp.up": (f, h), "mlp.down": (h, f)})
+    else:
+        fixed["moe.router"] = (spec.n_experts, h)
+        if spec.shared_gate:
+            fixed["moe.shared_gate"] = (1, h)
+        if spec.shared_ffn:
+            f = spec.shared_ffn
+            fixed.update({"moe.shared.gate": (f, h), "moe.shared.up": (f, h), "moe.shared.down": (h, f)})
     if rest in fixed:
         return fixed[rest]
+    if spec.is_dense(layer):
+        return None
     parts = rest.split(".")
     if len(parts) == 4 and parts[:2] == ["moe", "experts"] and _index(parts[2], spec.n_experts) is not None:
         return {"gate": (spec.ffn, h), "up": (spec.ffn, h), "down": (h, spec.ffn)}.get(parts[3])
@@ -136,7 +214,7 @@ def canonical_shape(spec: ModelSpec, name: str) -> tuple[int, ...]:
         return (spec.hidden,)
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "layers" and _index(parts[1], spec.n_layers) is not None:
-        shape = _layer_shape(spec, parts[2])
+        shape = _layer_shape(spec, int(parts[1]), parts[2])
         if shape is not None:
             return shape
     raise KeyError(f"{name}: not a canonical tensor name of this model")

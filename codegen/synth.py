@@ -20,13 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .importers import mixtral
+from .importers import deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe
 from .spec import ModelSpec, canonical_names, canonical_shape
 
 DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
 ROUTER_LOGIT_STD = 2.0
 TIED_EMBED_STD = 0.25
 RMS_EPS = 1e-5
+BIAS_STD = 0.2
+ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
+_HF_CLASS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+             "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "deepseek": "DeepseekForCausalLM"}
+_SOURCE_NAMES = {"qwen2_moe": qwen2_moe.NAMES, "qwen3_moe": qwen3_moe.NAMES, "olmoe": olmoe.NAMES,
+                 "deepseek": deepseek.NAMES}
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -69,6 +75,8 @@ def _weight(rng: np.random.Generator, spec: ModelSpec, name: str, heavy_tail: bo
     shape = canonical_shape(spec, name)
     if name.endswith("norm"):
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith("_bias"):
+        return (BIAS_STD * rng.standard_normal(shape)).astype(np.float32)
     if name == "embed":
         std = TIED_EMBED_STD / math.sqrt(spec.hidden) if spec.tied else 1.0
     elif name.endswith("router"):
@@ -82,13 +90,42 @@ def _weight(rng: np.random.Generator, spec: ModelSpec, name: str, heavy_tail: bo
     return (z * std).astype(np.float32)
 
 
+def _family_config(spec: ModelSpec) -> dict[str, object]:
+    """The config keys of a family beyond Mixtral's (HF names, HF meanings)."""
+    dense = list(spec.dense_layers)
+    if spec.arch == "qwen2_moe":
+        return {"intermediate_size": spec.dense_ffn or spec.ffn, "moe_intermediate_size": spec.ffn,
+                "shared_expert_intermediate_size": spec.shared_ffn, "num_experts": spec.n_experts,
+                "norm_topk_prob": spec.norm_topk_prob, "decoder_sparse_step": 1, "mlp_only_layers": dense,
+                "qkv_bias": spec.qkv_bias, "use_sliding_window": False, "sliding_window": None,
+                "max_window_layers": spec.n_layers}
+    if spec.arch == "qwen3_moe":
+        return {"intermediate_size": spec.dense_ffn or spec.ffn, "moe_intermediate_size": spec.ffn,
+                "num_experts": spec.n_experts, "norm_topk_prob": spec.norm_topk_prob, "decoder_sparse_step": 1,
+                "mlp_only_layers": dense, "attention_bias": False, "use_sliding_window": False,
+                "sliding_window": None}
+    if spec.arch == "olmoe":
+        return {"intermediate_size": spec.ffn, "num_experts": spec.n_experts,
+                "norm_topk_prob": spec.norm_topk_prob, "attention_bias": False, "clip_qkv": None}
+    if spec.arch == "deepseek":
+        if dense != list(range(len(dense))):
+            raise ValueError("synth: deepseek dense layers must be the first ones (first_k_dense_replace)")
+        return {"intermediate_size": spec.dense_ffn or spec.ffn, "moe_intermediate_size": spec.ffn,
+                "n_routed_experts": spec.n_experts, "n_shared_experts": spec.shared_ffn // spec.ffn,
+                "first_k_dense_replace": len(dense), "moe_layer_freq": 1, "norm_topk_prob": spec.norm_topk_prob,
+                "routed_scaling_factor": spec.routed_scale, "scoring_func": "softmax", "topk_method": "greedy",
+                "attention_bias": False}
+    return {"intermediate_size": spec.ffn, "num_local_experts": spec.n_experts}
+
+
 def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
+    family = _family_config(spec)
     cfg: dict[str, object] = {
-        "architectures": ["MixtralForCausalLM"],
-        "model_type": "mixtral",
+        "architectures": [_HF_CLASS[spec.arch]],
+        "model_type": spec.arch,
         "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
-        "intermediate_size": spec.ffn,
+        "intermediate_size": family.pop("intermediate_size"),
         "num_hidden_layers": spec.n_layers,
         "num_attention_heads": spec.n_heads,
         "num_key_value_heads": spec.n_kv_heads,
@@ -100,9 +137,9 @@ def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[
         "max_position_embeddings": spec.max_position,
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
-        "sliding_window": None,
+        **({"sliding_window": None} if spec.arch == "mixtral" else {}),
         "tie_word_embeddings": spec.tied,
-        "num_local_experts": spec.n_experts,
+        **family,
         "num_experts_per_tok": spec.top_k,
         "router_aux_loss_coef": 0.0,
         "output_router_logits": False,
@@ -155,14 +192,47 @@ def _replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+def _features(arch: str, ffn: int, shared_ffn: int | None, dense_ffn: int | None,
+              dense_layers: tuple[int, ...] | list[int] | None, norm_topk_prob: bool | None,
+              routed_scale: float) -> dict[str, object]:
+    dense = tuple(dense_layers or ())
+    out: dict[str, object] = {"dense_layers": dense, "dense_ffn": (dense_ffn or 2 * ffn) if dense else 0}
+    if arch == "qwen2_moe":
+        shared = 2 * ffn if shared_ffn is None else shared_ffn
+        out.update(qkv_bias=True, shared_ffn=shared, shared_gate=shared > 0,
+                   norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
+    elif arch == "qwen3_moe":
+        out.update(qk_norm="head", norm_topk_prob=True if norm_topk_prob is None else norm_topk_prob)
+    elif arch == "olmoe":
+        out.update(qk_norm="full", norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
+    elif arch == "deepseek":
+        shared = ffn if shared_ffn is None else shared_ffn
+        if shared % ffn:
+            raise ValueError(f"synth: deepseek shared_ffn {shared} is not a multiple of ffn {ffn}")
+        out.update(shared_ffn=shared, routed_scale=float(routed_scale),
+                   norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
+    return out
+
+
 def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int, hidden: int, ffn: int,
                      heads: int, kv_heads: int, experts: int, top_k: int, vocab: int, seed: int,
                      dtype: str = "f32", tie: bool = False, head_dim: int | None = None,
                      rope_theta: float = 1e6, max_position: int = 4096, heavy_tail: bool = False,
-                     shards: int = 1) -> Path:
-    """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed."""
-    if arch != "mixtral":
-        raise ValueError(f"synth: unsupported arch {arch!r} (supported: mixtral)")
+                     shards: int = 1, shared_ffn: int | None = None, dense_ffn: int | None = None,
+                     dense_layers: tuple[int, ...] | list[int] | None = None, norm_topk_prob: bool | None = None,
+                     routed_scale: float = 1.0) -> Path:
+    """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed.
+
+    `arch` picks the HF family (names and config keys); its features take the family's typical values
+    unless given: Qwen2-MoE has q/k/v biases, a sigmoid-gated shared expert (shared_ffn, default 2 * ffn)
+    and norm_topk_prob false; Qwen3-MoE per-head q/k norms and norm_topk_prob true; OLMoE whole-projection
+    q/k norms and norm_topk_prob false; DeepSeek an ungated shared expert (a multiple of ffn). dense_layers
+    (with dense_ffn, default 2 * ffn) become `mlp_only_layers` (first_k_dense_replace for DeepSeek).
+    """
+    if arch not in ARCHES:
+        raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
+    if arch in ("mixtral", "olmoe") and (dense_layers or shared_ffn):
+        raise ValueError(f"synth: {arch} has no dense layers or shared experts")
     if dtype not in DTYPES:
         raise ValueError(f"synth: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if head_dim is None and heads > 0 and hidden % heads:
@@ -171,6 +241,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         arch=arch, vocab=vocab, hidden=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
         head_dim=head_dim if head_dim is not None else hidden // max(heads, 1), ffn=ffn, n_experts=experts,
         top_k=top_k, rms_eps=RMS_EPS, rope_theta=float(rope_theta), tied=bool(tie), max_position=max_position,
+        **_features(arch, ffn, shared_ffn, dense_ffn, dense_layers, norm_topk_prob, routed_scale),
     )
     n_tensors = len(canonical_names(spec))
     if not 1 <= shards <= n_tensors:
@@ -180,7 +251,8 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     entries = []
     for name in canonical_names(spec):
         w = _weight(rng, spec, name, heavy_tail)
-        entries.append((mixtral.source_name(name), st_dtype, w.shape, encode(w, st_dtype)))
+        src = mixtral.source_name(name) if arch == "mixtral" else _SOURCE_NAMES[arch].source_name(name)
+        entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 
     out = Path(out_dir).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,11 @@ from pathlib import Path
 import numpy as np
 
 KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.k", 6: "attn.v", 7: "attn.o",
-              8: "ffn_norm", 9: "moe.router", 10: "gate", 11: "down", 12: "up", 13: "final_norm", 14: "lm_head"}
+              8: "ffn_norm", 9: "moe.router", 10: "gate", 11: "down", 12: "up", 13: "final_norm", 14: "lm_head",
+              # format 1.1
+              15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
+              20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
+              24: "mlp.gate", 25: "mlp.down", 26: "mlp.up"}
 ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1")}
 SCALE = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
 HEADER_FIELDS = [
@@ -22,6 +26,8 @@ HEADER_FIELDS = [
     (52, "I", "n_kv_heads"), (56, "I", "head_dim"), (60, "I", "ffn"), (64, "I", "n_experts"),
     (68, "I", "top_k"), (72, "I", "max_seq"), (76, "f", "rms_eps"), (80, "f", "rope_theta"),
     (84, "I", "n_buffers"), (88, "Q", "arena_bytes"),
+    # format 1.1
+    (200, "I", "shared_ffn"), (204, "I", "dense_ffn"), (208, "f", "routed_scale"),
 ]
 
 
@@ -82,5 +88,5 @@ def weights(path: Path) -> dict[str, np.ndarray]:
     for e in entries(raw):
         name = canonical_name(e)
         w = dequantize(raw, e)
-        out[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq")) else w
+        out[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias")) else w
     return out

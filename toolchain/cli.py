@@ -36,11 +36,21 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     opts = ExportOptions(
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
-        prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict,
+        prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
     )
     res = export(a.ckpt, a.out, opts, report=print)
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
     return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    import json
+
+    from colibri.codegen.inspect import format_report, inspect
+
+    info = inspect(a.path)
+    print(json.dumps(info, indent=1) if a.json else format_report(info))
+    return 0 if info.get("crc_ok", True) else 1
 
 
 def scons_command() -> list[str]:
@@ -97,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="write a random HF-format checkpoint")
     s.add_argument("ckpt")
-    s.add_argument("--arch", default="mixtral", choices=["mixtral"])
+    s.add_argument("--arch", default="mixtral", choices=["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"])
     for flag, default in (("layers", 2), ("hidden", 64), ("ffn", 128), ("heads", 8), ("kv-heads", 2),
                           ("experts", 4), ("top-k", 2), ("vocab", 320), ("seed", 1), ("shards", 1)):
         s.add_argument(f"--{flag}", type=int, default=default)
@@ -117,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--prompt", type=_tokens, default=None, help="built-in prompt token ids, e.g. 3,17,42")
     e.add_argument("--generate", type=int, default=16, help="tokens the built-in demo generates")
     e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
+    e.add_argument("--prune-experts", metavar="CALIB", default=None,
+                   help="drop experts the calibration set (token ids, a sequence per line) never routes to")
     e.set_defaults(fn=cmd_export)
 
     b = sub.add_parser("build", help="build a model for a target with SCons")
@@ -133,6 +145,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("program")
     r.add_argument("args", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("inspect", help="family, dims, parameters and sizes of a checkpoint or model.bin")
+    i.add_argument("path", help="checkpoint directory or model.bin")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_inspect)
 
     t = sub.add_parser("targets", help="list targets and whether their tools are installed")
     t.set_defaults(fn=cmd_targets)

@@ -20,6 +20,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
     Default,
     Environment,
     Exit,
+    SConsignFile,
     Value,
 )
 
@@ -222,6 +223,9 @@ def build_all(arguments: dict) -> None:
     model_arg = arguments.get("MODEL", "")
     quant = arguments.get("QUANT", "int8c")
     sanitize = [s for s in arguments.get("SANITIZE", "").split(",") if s]
+    kernels = arguments.get("KERNELS", "simd")  # scalar: -DCOLIBRI_SCALAR, out to build/<target>-scalar/
+    if kernels not in ("simd", "scalar"):
+        _fail(f"KERNELS={kernels}: expected simd or scalar")
     ckpt = Path(model_arg).absolute() if model_arg else ROOT / DEFAULT_MODEL
     if model_arg and not (ckpt / "config.json").is_file():
         _fail(f"{model_arg}: not a checkpoint directory (no config.json)")
@@ -237,9 +241,12 @@ def build_all(arguments: dict) -> None:
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
+    build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
     if arguments.get("CACHE"):
         CacheDir(arguments["CACHE"])
-    build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
+    # the signature database lives with the outputs, so two build roots never share (or race on) one
+    build.mkdir(parents=True, exist_ok=True)
+    SConsignFile(str(build / ".sconsign"))
     base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
         base.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
@@ -247,8 +254,11 @@ def build_all(arguments: dict) -> None:
     outputs = []
     for t in _targets(target_arg):
         suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
+        suffix += "-scalar" if kernels == "scalar" else ""
         out = build / f"{t.name}{suffix}" / name
         env = _target_env(base, t, sanitize)
+        if kernels == "scalar":
+            env.Append(CCFLAGS=["-DCOLIBRI_SCALAR"])
         if t.kind == "firmware":
             if sanitize:
                 _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")

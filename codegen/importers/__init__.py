@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ExportError
 from ..spec import ModelSpec
-from . import mixtral
+from . import deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Importer:
 IMPORTERS: tuple[Importer, ...] = (
     Importer("mixtral", mixtral.ARCHITECTURES, mixtral.MODEL_TYPES, mixtral.parse_config, mixtral.tensor_map,
              mixtral.is_ignored),
+    *(Importer(m.__name__.rsplit(".", 1)[-1], m.ARCHITECTURES, m.MODEL_TYPES, m.parse_config, m.tensor_map,
+               m.is_ignored) for m in (qwen2_moe, qwen3_moe, olmoe, deepseek)),
 )
 
 

@@ -28,6 +28,21 @@ _LAYER_TENSORS = {
 # Non-persistent rotary buffers some exporters wrote out; HF drops them on load, so do we.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
+# What model.bin and the runtime can hold (runtime_c/FORMAT.md): dimensions are u32 fields, a
+# tensor's layer and expert are u16, and the runtime routes a token to at most 16 experts. Checked
+# on the config keys, so an absurd config fails with its key named before any work is sized by it.
+_DIM_LIMIT = (2**32 - 1, "the largest dimension model.bin can hold")
+_EXPERTS_LIMIT = (2**16 - 1, "the most experts model.bin can hold")
+_INT_LIMITS = {
+    "num_hidden_layers": (2**16 - 1, "the most layers model.bin can hold"),
+    "num_local_experts": _EXPERTS_LIMIT,
+    "num_experts": _EXPERTS_LIMIT,
+    "n_routed_experts": _EXPERTS_LIMIT,
+    "num_experts_per_tok": (16, "the most experts per token the runtime routes to"),
+}
+_UNLIMITED = ("max_position_embeddings", "sliding_window")  # only ever capped: any size will do
+_FLOAT32_MAX = 3.4028234663852886e38
+
 
 class _Config:
     """Typed access to config.json keys; every failure names config.json and the key."""
@@ -52,6 +67,9 @@ class _Config:
             raise self.fail(key, f"must be an integer, got {v!r}")
         if v <= 0:
             raise self.fail(key, f"must be positive, got {v}")
+        limit, what = _INT_LIMITS.get(key, _DIM_LIMIT)
+        if key not in _UNLIMITED and v > limit:
+            raise self.fail(key, f"{v} exceeds {limit}, {what}")
         return v
 
     def positive_float(self, key: str, v: Any) -> float:
@@ -59,6 +77,8 @@ class _Config:
             raise self.fail(key, f"must be a number, got {v!r}")
         if v <= 0:
             raise self.fail(key, f"must be positive, got {v}")
+        if v > _FLOAT32_MAX:
+            raise self.fail(key, f"{v!r} is beyond the float32 range model.bin stores it in")
         return float(v)
 
 

@@ -1,6 +1,7 @@
 /*
- * colibri.c - the colibri runtime: blob validation, the context, the Mixtral
- * forward pass and the small API functions, in that order.
+ * colibri.c - the colibri runtime: blob validation, the context, the forward
+ * pass (Mixtral, and the features of Qwen2-MoE, Qwen3-MoE, OLMoE and
+ * DeepSeek-MoE the header's flags switch on) and the small API functions.
  *
  * Every byte of the blob is checked once, in cb_validate, before a context
  * exists; the forward pass then trusts it and checks nothing. The runtime
@@ -33,26 +34,47 @@
 #define CB_ROW_ALIGN 16u
 #define CB_LAYOUT_ROWMAJOR16 1u
 #define CB_FLAG_TIED 1u
+/* format 1.1 feature flags (FORMAT.md "Feature flags"); a 1.0 blob has none of them */
+#define CB_FLAG_QKV_BIAS (1u << 1)
+#define CB_FLAG_QK_NORM_HEAD (1u << 2)
+#define CB_FLAG_QK_NORM_FULL (1u << 3)
+#define CB_FLAG_TOPK_NO_NORM (1u << 4)
+#define CB_FLAG_SHARED (1u << 5)
+#define CB_FLAG_SHARED_GATE (1u << 6)
+#define CB_FLAG_DENSE (1u << 7)
+#define CB_FLAG_ROUTED_SCALE (1u << 8)
+#define CB_FLAGS_KNOWN 0x1FFu
+#define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
+/* format 1.1 header fields in what 1.0 reserved */
+#define CB_H_SHARED_FFN 200u
+#define CB_H_DENSE_FFN 204u
+#define CB_H_ROUTED_SCALE 208u
+#define CB_H_DENSE_MAP 216u /* 32 bytes: bit l % 8 of byte l / 8 set when layer l is a dense MLP */
+#define CB_DENSE_MAP_LAYERS 256u
 #define CB_MAX_TOP_K 16u
 #define CB_CTX_BYTES 256u
 #define CB_CTX_MAGIC 0x78746362u
-#define CB_N_BUFFERS 11
+#define CB_N_BUFFERS 13      /* at most; 11 without a shared expert or dense layers */
+#define CB_N_BASE_BUFFERS 11
 
 enum { K_EMBED = 1, K_ROPE_FREQ, K_ATTN_NORM, K_WQ, K_WK, K_WV, K_WO, K_FFN_NORM, K_ROUTER,
-       K_W_GATE, K_W_DOWN, K_W_UP, K_FINAL_NORM, K_LM_HEAD };
+       K_W_GATE, K_W_DOWN, K_W_UP, K_FINAL_NORM, K_LM_HEAD,
+       K_BQ, K_BK, K_BV, K_Q_NORM, K_K_NORM, K_SHARED_GATE, K_SH_GATE, K_SH_DOWN, K_SH_UP,
+       K_MLP_GATE, K_MLP_DOWN, K_MLP_UP };
 
-/* Table index of a layer's tensors is layer_base + slot; expert e's are at
- * layer_base + S_EXPERTS + 3e + {gate, down, up}. */
-enum { S_ATTN_NORM, S_WQ, S_WK, S_WV, S_WO, S_FFN_NORM, S_ROUTER, S_EXPERTS };
+/* Table index of a layer's tensors is layer_base + slot: ATTN_NORM, WQ, WK, WV, WO at fixed slots, then
+ * [BQ BK BV] [Q_NORM K_NORM] FFN_NORM as the flags say, then either (MoE layer) ROUTER, expert e's
+ * {gate, down, up} at 3e.., [SHARED_GATE], [SH_GATE SH_DOWN SH_UP], or (dense layer) MLP_GATE..UP. */
+enum { S_ATTN_NORM, S_WQ, S_WK, S_WV, S_WO, S_ATTN_EXTRA };
 enum { X_GATE, X_DOWN, X_UP };
 
-enum { B_KEY, B_VALUE, B_X, B_XB, B_Q, B_ATT, B_SCORES, B_ROUTER, B_GATE, B_UP, B_MOE };
+enum { B_KEY, B_VALUE, B_X, B_XB, B_Q, B_ATT, B_SCORES, B_ROUTER, B_GATE, B_UP, B_MOE, B_XGATE, B_XUP };
 
 /* FORMAT.md "Arena": first and last step each buffer is live. The forward
  * pass below touches each buffer only within these steps, so a plan that
  * shares memory between buffers never live together is safe. */
 static const uint8_t cb_lifetime[CB_N_BUFFERS][2] = {
-    {0, 11}, {0, 11}, {0, 11}, {0, 11}, {1, 3}, {3, 4}, {3, 3}, {7, 8}, {8, 8}, {8, 8}, {8, 9},
+    {0, 11}, {0, 11}, {0, 11}, {0, 11}, {1, 3}, {3, 4}, {3, 3}, {7, 8}, {8, 8}, {8, 8}, {8, 9}, {8, 8}, {8, 8},
 };
 
 #define DT(d) (1u << (d))
@@ -62,6 +84,8 @@ typedef struct cb_model {
     uint32_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn, n_experts, top_k, max_seq;
     uint32_t tied;
     float rms_eps;
+    uint32_t flags, shared_ffn, dense_ffn, n_buffers; /* format 1.1; 0, 0, 0, 11 for a 1.0 blob */
+    float routed_scale;                               /* 1 unless CB_FLAG_ROUTED_SCALE */
 } cb_model;
 
 struct colibri_ctx {
@@ -92,6 +116,9 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_TOP_K(c) ((void)(c), (size_t)COLIBRI_TOP_K)
 #define CB_MAX_SEQ(c) ((void)(c), (size_t)COLIBRI_MAX_SEQ)
 #define CB_TIED(c) ((void)(c), COLIBRI_TIED_LM_HEAD)
+#define CB_FLAGS(c) ((void)(c), (uint32_t)COLIBRI_FLAGS)
+#define CB_SHARED_FFN(c) ((void)(c), (size_t)COLIBRI_SHARED_FFN)
+#define CB_DENSE_FFN(c) ((void)(c), (size_t)COLIBRI_DENSE_FFN)
 #else
 #define CB_VOCAB(c) ((size_t)(c)->m.vocab)
 #define CB_HIDDEN(c) ((size_t)(c)->m.hidden)
@@ -104,6 +131,9 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_TOP_K(c) ((size_t)(c)->m.top_k)
 #define CB_MAX_SEQ(c) ((size_t)(c)->m.max_seq)
 #define CB_TIED(c) ((c)->m.tied)
+#define CB_FLAGS(c) ((c)->m.flags)
+#define CB_SHARED_FFN(c) ((size_t)(c)->m.shared_ffn)
+#define CB_DENSE_FFN(c) ((size_t)(c)->m.dense_ffn)
 #endif
 
 /* ----------------------------------------------------------- blob access */
@@ -127,10 +157,35 @@ static const uint8_t *cb_entry(const uint8_t *blob, size_t i)
 
 static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 ? 2 : 1; }
 
-static uint64_t cb_n_tensors(const cb_model *m)
+static int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
 {
-    uint64_t per_layer = cb_add(S_EXPERTS, cb_mul(3, m->n_experts));
-    return cb_add(cb_mul(m->n_layers, per_layer), m->tied ? 3 : 4);
+    return (flags & CB_FLAG_DENSE) && l < CB_DENSE_MAP_LAYERS && (blob[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1);
+}
+
+/* slots before FFN_NORM: ATTN_NORM..WO and the optional biases and q/k norms */
+static uint64_t cb_attn_slots(uint32_t flags)
+{
+    return S_ATTN_EXTRA + (flags & CB_FLAG_QKV_BIAS ? 3 : 0) + (flags & CB_FLAG_QK_NORM ? 2 : 0);
+}
+
+/* table entries of one layer */
+static uint64_t cb_layer_tensors(uint32_t flags, uint64_t n_experts, int dense)
+{
+    uint64_t n = cb_attn_slots(flags) + 1;
+    if (dense)
+        return n + 3;
+    n += 1 + (flags & CB_FLAG_SHARED_GATE ? 1 : 0) + (flags & CB_FLAG_SHARED ? 3 : 0);
+    return cb_add(n, cb_mul(3, n_experts));
+}
+
+static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
+{
+    uint64_t n_dense = 0;
+    for (uint32_t l = 0; l < m->n_layers && l < CB_DENSE_MAP_LAYERS; l++)
+        n_dense += (uint64_t)cb_dense_bit(b, m->flags, l);
+    uint64_t layers = cb_add(cb_mul(n_dense, cb_layer_tensors(m->flags, m->n_experts, 1)),
+                             cb_mul(m->n_layers - n_dense, cb_layer_tensors(m->flags, m->n_experts, 0)));
+    return cb_add(layers, m->tied ? 3 : 4);
 }
 
 /* f32 elements of each arena buffer (FORMAT.md "Arena") */
@@ -144,11 +199,52 @@ static void cb_buffer_elems(const cb_model *m, uint64_t n[CB_N_BUFFERS])
     n[B_SCORES] = m->max_seq;
     n[B_ROUTER] = m->n_experts;
     n[B_GATE] = n[B_UP] = m->ffn;
+    n[B_XGATE] = n[B_XUP] = m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn;
 }
 
 /* ------------------------------------------------------------ validation */
 
 #define CB_TRY(call) do { colibri_status st_ = (call); if (st_ != COLIBRI_OK) return st_; } while (0)
+
+/* The format 1.1 fields: each present exactly when its flag says so, everything else still zero. */
+static colibri_status cb_check_features(const uint8_t *b, cb_model *m, uint32_t flags)
+{
+    m->flags = flags;
+    m->shared_ffn = rd32(b + CB_H_SHARED_FFN);
+    m->dense_ffn = rd32(b + CB_H_DENSE_FFN);
+    m->n_buffers = flags & (CB_FLAG_SHARED | CB_FLAG_DENSE) ? CB_N_BUFFERS : CB_N_BASE_BUFFERS;
+    memcpy(&m->routed_scale, b + CB_H_ROUTED_SCALE, sizeof m->routed_scale);
+    if ((flags & ~CB_FLAG_TIED) && rd16(b + 6) < 1)
+        return COLIBRI_E_BAD_HEADER; /* features are 1.1; a 1.0 blob claiming one is corrupt */
+    if ((flags & CB_FLAG_QK_NORM) == CB_FLAG_QK_NORM || ((flags & CB_FLAG_SHARED_GATE) && !(flags & CB_FLAG_SHARED)))
+        return COLIBRI_E_BAD_HEADER;
+    if (!(flags & CB_FLAG_SHARED) != !m->shared_ffn || !(flags & CB_FLAG_DENSE) != !m->dense_ffn)
+        return COLIBRI_E_BAD_HEADER;
+    if (flags & CB_FLAG_ROUTED_SCALE) {
+        if (!(m->routed_scale > 0.0f && m->routed_scale <= FLT_MAX))
+            return COLIBRI_E_BAD_HEADER;
+    } else if (rd32(b + CB_H_ROUTED_SCALE) != 0) {
+        return COLIBRI_E_BAD_HEADER;
+    } else {
+        m->routed_scale = 1.0f;
+    }
+    /* unused buffer offsets, the reserved word, dense-map bits beyond n_layers and the tail are zero */
+    for (uint32_t off = 96 + 8 * m->n_buffers; off < CB_H_SHARED_FFN; off++)
+        if (b[off])
+            return COLIBRI_E_BAD_HEADER;
+    if (rd32(b + 212) != 0 || rd64(b + 248) != 0)
+        return COLIBRI_E_BAD_HEADER;
+    uint32_t n_dense = 0;
+    for (uint32_t l = 0; l < CB_DENSE_MAP_LAYERS; l++) {
+        int bit = b[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1;
+        if (bit && (!(flags & CB_FLAG_DENSE) || l >= m->n_layers))
+            return COLIBRI_E_BAD_HEADER;
+        n_dense += (uint32_t)bit;
+    }
+    if ((flags & CB_FLAG_DENSE) && n_dense == 0)
+        return COLIBRI_E_BAD_HEADER;
+    return COLIBRI_OK;
+}
 
 static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
 {
@@ -180,6 +276,9 @@ static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
     memcpy(&m->rms_eps, b + 76, sizeof m->rms_eps);
     uint32_t flags = rd32(b + 28);
     m->tied = flags & CB_FLAG_TIED;
+    if (flags & ~CB_FLAGS_KNOWN)
+        return COLIBRI_E_BAD_HEADER; /* an unknown flag may change the maths: refuse rather than guess */
+    CB_TRY(cb_check_features(b, m, flags));
     if (!m->vocab || !m->hidden || !m->n_layers || !m->n_heads || !m->n_kv_heads || !m->head_dim
         || !m->ffn || !m->n_experts || !m->top_k || !m->max_seq)
         return COLIBRI_E_BAD_HEADER;
@@ -192,15 +291,14 @@ static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
     if (cb_mul(elems[B_KEY], 4) >= SIZE_MAX || cb_mul(elems[B_Q], 4) >= SIZE_MAX || rd64(b + 88) >= SIZE_MAX)
         return COLIBRI_E_BAD_HEADER;
-    if (flags & ~CB_FLAG_TIED)
-        return COLIBRI_E_BAD_HEADER; /* an unknown flag may change the maths: refuse rather than guess */
     if (rd32(b + 32) != CB_LAYOUT_ROWMAJOR16)
         return COLIBRI_E_LAYOUT;
 #ifdef COLIBRI_SPECIALISED
     if (m->vocab != COLIBRI_VOCAB || m->hidden != COLIBRI_HIDDEN || m->n_layers != COLIBRI_N_LAYERS
         || m->n_heads != COLIBRI_N_HEADS || m->n_kv_heads != COLIBRI_N_KV_HEADS || m->head_dim != COLIBRI_HEAD_DIM
         || m->ffn != COLIBRI_FFN || m->n_experts != COLIBRI_N_EXPERTS || m->top_k != COLIBRI_TOP_K
-        || m->max_seq != COLIBRI_MAX_SEQ || m->tied != COLIBRI_TIED_LM_HEAD)
+        || m->max_seq != COLIBRI_MAX_SEQ || m->tied != COLIBRI_TIED_LM_HEAD || m->flags != COLIBRI_FLAGS
+        || m->shared_ffn != COLIBRI_SHARED_FFN || m->dense_ffn != COLIBRI_DENSE_FFN)
         return COLIBRI_E_MODEL_MISMATCH;
 #endif
     return COLIBRI_OK;
@@ -264,7 +362,7 @@ static colibri_status cb_check_tensors(const uint8_t *b, uint64_t len, const cb_
 {
     cb_walk w = {b, len, rd32(b + 12), 0};
     uint64_t d = m->hidden, qdim = (uint64_t)m->n_heads * m->head_dim, kvdim = (uint64_t)m->n_kv_heads * m->head_dim;
-    if (rd32(b + 24) != cb_n_tensors(m))
+    if (rd32(b + 24) != cb_n_tensors(b, m))
         return COLIBRI_E_BAD_TENSOR;
     CB_TRY(cb_check_entry(&w, K_EMBED, 0, 0, m->vocab, d, DT_ANY));
     CB_TRY(cb_check_entry(&w, K_ROPE_FREQ, 0, 0, 1, m->head_dim / 2, DT(CB_F32)));
@@ -274,12 +372,35 @@ static colibri_status cb_check_tensors(const uint8_t *b, uint64_t len, const cb_
         CB_TRY(cb_check_entry(&w, K_WK, l, 0, kvdim, d, DT_ANY));
         CB_TRY(cb_check_entry(&w, K_WV, l, 0, kvdim, d, DT_ANY));
         CB_TRY(cb_check_entry(&w, K_WO, l, 0, d, qdim, DT_ANY));
+        if (m->flags & CB_FLAG_QKV_BIAS) {
+            CB_TRY(cb_check_entry(&w, K_BQ, l, 0, 1, qdim, DT(CB_F32)));
+            CB_TRY(cb_check_entry(&w, K_BK, l, 0, 1, kvdim, DT(CB_F32)));
+            CB_TRY(cb_check_entry(&w, K_BV, l, 0, 1, kvdim, DT(CB_F32)));
+        }
+        if (m->flags & CB_FLAG_QK_NORM) {
+            int per_head = (m->flags & CB_FLAG_QK_NORM_HEAD) != 0;
+            CB_TRY(cb_check_entry(&w, K_Q_NORM, l, 0, 1, per_head ? m->head_dim : qdim, DT(CB_F32)));
+            CB_TRY(cb_check_entry(&w, K_K_NORM, l, 0, 1, per_head ? m->head_dim : kvdim, DT(CB_F32)));
+        }
         CB_TRY(cb_check_entry(&w, K_FFN_NORM, l, 0, 1, d, DT(CB_F32)));
+        if (cb_dense_bit(b, m->flags, l)) {
+            CB_TRY(cb_check_entry(&w, K_MLP_GATE, l, 0, m->dense_ffn, d, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_MLP_DOWN, l, 0, d, m->dense_ffn, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_MLP_UP, l, 0, m->dense_ffn, d, DT_ANY));
+            continue;
+        }
         CB_TRY(cb_check_entry(&w, K_ROUTER, l, 0, m->n_experts, d, DT(CB_F32) | DT(CB_F16)));
         for (uint32_t e = 0; e < m->n_experts; e++) {
             CB_TRY(cb_check_entry(&w, K_W_GATE, l, e, m->ffn, d, DT_ANY));
             CB_TRY(cb_check_entry(&w, K_W_DOWN, l, e, d, m->ffn, DT_ANY));
             CB_TRY(cb_check_entry(&w, K_W_UP, l, e, m->ffn, d, DT_ANY));
+        }
+        if (m->flags & CB_FLAG_SHARED_GATE)
+            CB_TRY(cb_check_entry(&w, K_SHARED_GATE, l, 0, 1, d, DT(CB_F32)));
+        if (m->flags & CB_FLAG_SHARED) {
+            CB_TRY(cb_check_entry(&w, K_SH_GATE, l, 0, m->shared_ffn, d, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_SH_DOWN, l, 0, d, m->shared_ffn, DT_ANY));
+            CB_TRY(cb_check_entry(&w, K_SH_UP, l, 0, m->shared_ffn, d, DT_ANY));
         }
     }
     CB_TRY(cb_check_entry(&w, K_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
@@ -291,17 +412,18 @@ static colibri_status cb_check_tensors(const uint8_t *b, uint64_t len, const cb_
 static colibri_status cb_check_plan(const uint8_t *b, const cb_model *m)
 {
     uint64_t arena = rd64(b + 88), off[CB_N_BUFFERS], bytes[CB_N_BUFFERS];
-    if (rd32(b + 84) != CB_N_BUFFERS)
+    const int n_buffers = (int)m->n_buffers;
+    if (rd32(b + 84) != m->n_buffers)
         return COLIBRI_E_BAD_PLAN;
     cb_buffer_elems(m, bytes);
-    for (int i = 0; i < CB_N_BUFFERS; i++) {
+    for (int i = 0; i < n_buffers; i++) {
         off[i] = rd64(b + 96 + 8 * i);
         bytes[i] = cb_mul(bytes[i], sizeof(float));
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)
             return COLIBRI_E_BAD_PLAN;
     }
-    for (int i = 0; i < CB_N_BUFFERS; i++)
-        for (int j = i + 1; j < CB_N_BUFFERS; j++) {
+    for (int i = 0; i < n_buffers; i++)
+        for (int j = i + 1; j < n_buffers; j++) {
             int live_together = cb_lifetime[i][0] <= cb_lifetime[j][1] && cb_lifetime[j][0] <= cb_lifetime[i][1];
             if (live_together && off[i] < off[j] + bytes[j] && off[j] < off[i] + bytes[i])
                 return COLIBRI_E_BAD_PLAN;
@@ -353,9 +475,22 @@ static void cb_mv(const colibri_ctx *c, size_t i, const float *x, float *y, floa
     cb_matvec(&t, x, y, alpha, accumulate);
 }
 
-static size_t cb_layer_base(const colibri_ctx *c, size_t l) /* also the FINAL_NORM index for l = n_layers */
+static int cb_dense(const colibri_ctx *c, size_t l)
 {
-    return 2 + l * (S_EXPERTS + 3 * CB_N_EXPERTS(c));
+    return cb_dense_bit(c->blob, CB_FLAGS(c), l);
+}
+
+static size_t cb_layer_size(const colibri_ctx *c, size_t l) /* table entries of layer l */
+{
+    return (size_t)cb_layer_tensors(CB_FLAGS(c), CB_N_EXPERTS(c), cb_dense(c, l));
+}
+
+static size_t cb_final_norm(const colibri_ctx *c) /* table index of FINAL_NORM */
+{
+    size_t i = 2;
+    for (size_t l = 0; l < CB_N_LAYERS(c); l++)
+        i += cb_layer_size(c, l);
+    return i;
 }
 
 static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
@@ -432,16 +567,29 @@ static int cb_chosen(const size_t *chosen, size_t n, size_t e)
     return 0;
 }
 
-/* steps 7-9: route xb to top_k experts and add their weighted sum to x */
-static void cb_moe(colibri_ctx *c, size_t base)
+/* out += alpha * down(silu(gate xb) * up xb): the MLP at table index i (gate, down, up) of width n */
+static void cb_mlp(const colibri_ctx *c, size_t i, const float *xb, float *gate, float *up, size_t n, float *out,
+                   float alpha)
+{
+    cb_mv(c, i + X_GATE, xb, gate, 1.0f, 0);
+    cb_mv(c, i + X_UP, xb, up, 1.0f, 0);
+    for (size_t j = 0; j < n; j++)
+        gate[j] = gate[j] / (1.0f + cb_expf(-gate[j])) * up[j]; /* silu(gate) * up */
+    cb_mv(c, i + X_DOWN, gate, out, alpha, 1);
+}
+
+/* steps 7-9: route xb to top_k experts and add their weighted sum (and the shared expert's output)
+ * to x; `router` is the ROUTER's table index */
+static void cb_moe(colibri_ctx *c, size_t router)
 {
     const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c), dim = CB_HIDDEN(c), ffn = CB_FFN(c);
+    const uint32_t flags = CB_FLAGS(c);
     float *probs = c->buf[B_ROUTER], *gate = c->buf[B_GATE], *up = c->buf[B_UP], *moe = c->buf[B_MOE];
     const float *xb = c->buf[B_XB];
     size_t chosen[CB_MAX_TOP_K];
     float weight[CB_MAX_TOP_K], sum = 0.0f;
 
-    cb_mv(c, base + S_ROUTER, xb, probs, 1.0f, 0);
+    cb_mv(c, router, xb, probs, 1.0f, 0);
     cb_softmax(probs, n_exp);
     /* top_k by probability, ties to the lower index; NaNs still yield k distinct experts */
     for (size_t k = 0; k < top_k; k++) {
@@ -466,13 +614,19 @@ static void cb_moe(colibri_ctx *c, size_t base)
 
     memset(moe, 0, dim * sizeof *moe);
     for (size_t k = 0; k < top_k; k++) {
-        size_t ex = base + S_EXPERTS + 3 * chosen[k];
-        cb_mv(c, ex + X_GATE, xb, gate, 1.0f, 0);
-        cb_mv(c, ex + X_UP, xb, up, 1.0f, 0);
-        for (size_t i = 0; i < ffn; i++)
-            gate[i] = gate[i] / (1.0f + cb_expf(-gate[i])) * up[i]; /* silu(gate) * up */
-        cb_mv(c, ex + X_DOWN, gate, moe, weight[k] / sum, 1);
+        float w = flags & CB_FLAG_TOPK_NO_NORM ? weight[k] : weight[k] / sum; /* HF norm_topk_prob */
+        if (flags & CB_FLAG_ROUTED_SCALE)
+            w *= c->m.routed_scale;
+        cb_mlp(c, router + 1 + 3 * chosen[k], xb, gate, up, ffn, moe, w);
     }
+    size_t shared = router + 1 + 3 * n_exp;
+    float alpha = 1.0f;
+    if (flags & CB_FLAG_SHARED_GATE) { /* Qwen2-MoE: sigmoid(shared_gate . xb) scales the shared expert */
+        alpha = 1.0f / (1.0f + cb_expf(-cb_dot(cb_vector(c, shared), xb, dim)));
+        shared++;
+    }
+    if (flags & CB_FLAG_SHARED) /* added after the routed experts, as HF adds it to their sum */
+        cb_mlp(c, shared, xb, c->buf[B_XGATE], c->buf[B_XUP], CB_SHARED_FFN(c), moe, alpha);
     float *x = c->buf[B_X];
     for (size_t i = 0; i < dim; i++)
         x[i] += moe[i];
@@ -484,21 +638,54 @@ static void cb_token(colibri_ctx *c, int32_t token, size_t pos)
     const size_t dim = CB_HIDDEN(c), hd = CB_HEAD_DIM(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const float eps = c->m.rms_eps;
     float *x = c->buf[B_X], *xb = c->buf[B_XB];
+    const uint32_t flags = CB_FLAGS(c);
     cb_tensor embed = cb_tensor_at(c, 0);
     cb_dequant_row(&embed, (size_t)token, x);
-    for (size_t l = 0; l < CB_N_LAYERS(c); l++) {
-        const size_t base = cb_layer_base(c, l);
+    size_t base = 2; /* table index of the layer's ATTN_NORM */
+    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_size(c, l), l++) {
+        float *q = c->buf[B_Q];
+        size_t slot = S_ATTN_EXTRA;
         float *k = c->buf[B_KEY] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
         float *v = c->buf[B_VALUE] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
         cb_rmsnorm(xb, x, cb_vector(c, base + S_ATTN_NORM), dim, eps);         /* 0 */
         cb_mv(c, base + S_WQ, xb, c->buf[B_Q], 1.0f, 0);                       /* 1: k, v straight */
         cb_mv(c, base + S_WK, xb, k, 1.0f, 0);                                 /*    into the cache */
         cb_mv(c, base + S_WV, xb, v, 1.0f, 0);
-        cb_rotary(c->buf[B_Q], CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, 1), pos); /* 2 */
+        if (flags & CB_FLAG_QKV_BIAS) {                                        /*    + biases (Qwen2-MoE) */
+            const float *bq = cb_vector(c, base + slot), *bk = cb_vector(c, base + slot + 1);
+            const float *bv = cb_vector(c, base + slot + 2);
+            for (size_t i = 0; i < CB_N_HEADS(c) * hd; i++)
+                q[i] += bq[i];
+            for (size_t i = 0; i < kvdim; i++) {
+                k[i] += bk[i];
+                v[i] += bv[i];
+            }
+            slot += 3;
+        }
+        if (flags & CB_FLAG_QK_NORM_FULL) {                                    /*    OLMoE: q, k norms */
+            cb_rmsnorm(q, q, cb_vector(c, base + slot), CB_N_HEADS(c) * hd, eps);
+            cb_rmsnorm(k, k, cb_vector(c, base + slot + 1), kvdim, eps);
+        } else if (flags & CB_FLAG_QK_NORM_HEAD) {                             /*    Qwen3: per head */
+            for (size_t h = 0; h < CB_N_HEADS(c); h++)
+                cb_rmsnorm(q + h * hd, q + h * hd, cb_vector(c, base + slot), hd, eps);
+            for (size_t h = 0; h < CB_N_KV_HEADS(c); h++)
+                cb_rmsnorm(k + h * hd, k + h * hd, cb_vector(c, base + slot + 1), hd, eps);
+        }
+        if (flags & CB_FLAG_QK_NORM)
+            slot += 2;
+        cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, 1), pos); /* 2 */
         cb_attention(c, l, pos);                                               /* 3 */
         cb_mv(c, base + S_WO, c->buf[B_ATT], x, 1.0f, 1);                      /* 4: x += Wo att */
-        cb_rmsnorm(xb, x, cb_vector(c, base + S_FFN_NORM), dim, eps);          /* 6 */
-        cb_moe(c, base);                                                       /* 7, 8, 9 */
+        cb_rmsnorm(xb, x, cb_vector(c, base + slot), dim, eps);                /* 6: FFN_NORM */
+        if (cb_dense(c, l)) {                                                  /* 8, 9: dense MLP */
+            float *out = c->buf[B_MOE];
+            memset(out, 0, dim * sizeof *out);
+            cb_mlp(c, base + slot + 1, xb, c->buf[B_XGATE], c->buf[B_XUP], CB_DENSE_FFN(c), out, 1.0f);
+            for (size_t i = 0; i < dim; i++)
+                x[i] += out[i];
+        } else {
+            cb_moe(c, base + slot + 1);                                        /* 7, 8, 9 */
+        }
     }
 }
 
@@ -541,7 +728,7 @@ colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len
     c->blob_bytes = blob_len;
     c->arena_bytes = arena_bytes;
     c->m = m;
-    for (int i = 0; i < CB_N_BUFFERS; i++)
+    for (uint32_t i = 0; i < m.n_buffers; i++) /* buffers 11, 12 of format 1.1 at 184, 192: the same formula */
         c->buf[i] = (float *)(void *)((uint8_t *)arena + rd64(b + 96 + 8 * i));
     c->self = c;
     c->magic = CB_CTX_MAGIC;
@@ -573,7 +760,7 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n
     for (size_t i = 0; i < n_tokens; i++, ctx->n_past++)
         cb_token(ctx, tokens[i], ctx->n_past);
     if (logits) {
-        size_t final_norm = cb_layer_base(ctx, CB_N_LAYERS(ctx));
+        size_t final_norm = cb_final_norm(ctx);
         cb_rmsnorm(ctx->buf[B_XB], ctx->buf[B_X], cb_vector(ctx, final_norm), CB_HIDDEN(ctx), ctx->m.rms_eps); /* 10 */
         cb_mv(ctx, CB_TIED(ctx) ? 0 : final_norm + 1, ctx->buf[B_XB], logits, 1.0f, 0);                     /* 11 */
     }

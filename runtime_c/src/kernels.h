@@ -1,8 +1,14 @@
 /*
- * kernels.h - scalar matrix-vector kernels over the blob's weight formats.
+ * kernels.h - matrix-vector kernels over the blob's weight formats.
  *
- * The reference implementation every ISA-specific path is tested against:
- * plain loops, one output row at a time, summed in input order.
+ * cb_matvec_scalar is the reference: plain loops, one output row at a time,
+ * summed in input order. It always builds. cb_matvec is the same computation
+ * through the ISA path the compiler's predefined macros select (AVX-512,
+ * AVX2+FMA+F16C, NEON, RVV 1.0; none, or -DCOLIBRI_SCALAR: the scalar one).
+ * The SIMD paths read only the rows' own bytes (the padded stride at most)
+ * and x[0, cols); their float sums differ from the scalar ones only in
+ * summation order (and FMA's single rounding), so targets agree on greedy
+ * tokens, not on the last bit of every logit.
  */
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
@@ -28,6 +34,12 @@ float cb_dot(const float *a, const float *b, size_t n);
 
 /* y[r] = (accumulate ? y[r] : 0) + alpha * (W x)[r]. x has cols, y rows elements; they must not overlap. */
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);
+
+/* The scalar reference of cb_matvec, for tests and for targets without a SIMD path. */
+void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);
+
+/* The path cb_matvec takes: "scalar", "avx512", "avx2", "neon", "rvv". */
+const char *cb_kernels_isa(void);
 
 /* out[c] = W[r][c]: one dequantized row (the embedding lookup). */
 void cb_dequant_row(const cb_tensor *t, size_t r, float *out);
