@@ -1,0 +1,243 @@
+/*
+ * kernels_test.c - every SIMD kernel against its scalar twin, on the target.
+ *
+ * Built from kernels.c and cbmath.c with the target's own flags (and once
+ * more with -DCOLIBRI_SCALAR, where both sides are the scalar code), run
+ * natively or under QEMU by tests/test_kernels.py. For random matrices of
+ * every weight type (f32, f16, int8 with f32 or f16 scales, int8c with
+ * outliers), row counts around the 4-row blocks, column counts and group
+ * sizes that are and are not multiples of the vector width:
+ *   |simd - scalar| <= 1e-5 * (sum_c |w_c x_c| + |y_before|)   per output,
+ * and, with a one-hot x (every product exact), bit-equal outputs, which
+ * pins the f16 and int8 conversions (subnormal, largest, signed-zero f16).
+ * x is followed by NaNs and y by sentinels: a kernel that reads x beyond
+ * cols or writes y beyond rows fails. Built with -fsanitize=address the
+ * buffers are exact-size heap blocks instead, so an over-read traps.
+ *
+ * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
+ * and exits 1 on the first failure.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cbmath.h"
+#include "../src/kernels.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EXACT_BUFFERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EXACT_BUFFERS 1
+#endif
+#endif
+#ifndef EXACT_BUFFERS
+#define EXACT_BUFFERS 0
+#endif
+
+#define SLACK 64 /* NaN floats after x, sentinels after y */
+#define SENTINEL 12345.0f
+
+typedef struct rng { uint64_t s; } rng;
+
+static uint32_t next(rng *r)
+{
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 16);
+}
+
+static float uniform(rng *r) /* [-1, 1) */
+{
+    return (float)(next(r) & 0xffffffu) / 8388608.0f - 1.0f;
+}
+
+typedef struct matrix {
+    cb_tensor t;
+    uint8_t *data, *scales;
+    uint16_t *ogap, *oval;
+} matrix;
+
+enum { KIND_F32, KIND_F16, KIND_I8_F32S, KIND_I8_F16S, KIND_I8C, N_KINDS };
+static const char *const kind_name[N_KINDS] = {"f32", "f16", "int8/f32 scales", "int8/f16 scales", "int8c"};
+
+/* The special f16 values the conversions must get right. */
+static const uint16_t f16_special[] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x8000, 0x0000, 0x3c00};
+
+static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rng *r)
+{
+    static const uint8_t dtype[N_KINDS] = {CB_F32, CB_F16, CB_I8, CB_I8, CB_I8C};
+    size_t elem = kind == KIND_F32 ? 4 : kind == KIND_F16 ? 2 : 1;
+    size_t stride = (cols * elem + 15) / 16 * 16;
+    cb_tensor *t = &m->t;
+    memset(t, 0, sizeof *t);
+    t->rows = (uint32_t)rows;
+    t->cols = (uint32_t)cols;
+    t->row_stride = (uint32_t)stride;
+    t->dtype = dtype[kind];
+    m->data = calloc(rows * stride, 1);
+    m->scales = NULL;
+    m->ogap = m->oval = NULL;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t c = 0; c < cols; c++) {
+            uint8_t *p = m->data + i * stride + c * elem;
+            float v = uniform(r) * (next(r) % 16 == 0 ? 50.0f : 1.0f); /* some large weights */
+            if (kind == KIND_F32) {
+                memcpy(p, &v, 4);
+            } else if (kind == KIND_F16) {
+                uint16_t h = next(r) % 8 == 0 ? f16_special[next(r) % (sizeof f16_special / 2)] : cb_f32_to_f16(v);
+                memcpy(p, &h, 2);
+            } else {
+                int8_t q = (int8_t)((int)(next(r) % 255) - 127);
+                memcpy(p, &q, 1);
+            }
+        }
+    if (kind >= KIND_I8_F32S) {
+        t->group_size = (uint32_t)group;
+        t->n_groups = (uint32_t)((cols + group - 1) / group);
+        t->scale_dtype = kind == KIND_I8_F32S ? CB_F32 : CB_F16;
+        size_t n = rows * t->n_groups;
+        m->scales = calloc(n, 4);
+        for (size_t i = 0; i < n; i++) {
+            float s = (0.001f + (uniform(r) + 1.0f) * 0.01f);
+            if (t->scale_dtype == CB_F32) {
+                memcpy(m->scales + 4 * i, &s, 4);
+            } else {
+                uint16_t h = cb_f32_to_f16(s);
+                memcpy(m->scales + 2 * i, &h, 2);
+            }
+        }
+        t->scales = m->scales;
+    }
+    if (kind == KIND_I8C) {
+        size_t total = rows * cols, n = 0;
+        m->ogap = calloc(total + 1, 2);
+        m->oval = calloc(total + 1, 2);
+        uint64_t last = 0;
+        for (size_t i = 0; i < total; i++) /* ~3% outliers, the first one possibly at index 0 */
+            if (next(r) % 32 == 0) {
+                m->ogap[n] = (uint16_t)(n ? i - last : i);
+                m->oval[n] = cb_f32_to_f16(uniform(r) * 4.0f);
+                last = i;
+                n++;
+            }
+        t->n_outliers = (uint32_t)n;
+        t->ogap = m->ogap;
+        t->oval = m->oval;
+    }
+    t->data = m->data;
+}
+
+static void release(matrix *m)
+{
+    free(m->data);
+    free(m->scales);
+    free(m->ogap);
+    free(m->oval);
+}
+
+/* sum_c |W[r][c] x[c]| with the outliers as separate terms, in double */
+static double magnitude(const cb_tensor *t, size_t r, const float *x)
+{
+    double s = 0.0;
+    for (size_t c = 0; c < t->cols; c++) {
+        const uint8_t *row = t->data + r * t->row_stride;
+        double w;
+        if (t->dtype == CB_F32) {
+            float f;
+            memcpy(&f, row + 4 * c, 4);
+            w = f;
+        } else if (t->dtype == CB_F16) {
+            uint16_t h;
+            memcpy(&h, row + 2 * c, 2);
+            w = cb_f16_to_f32(h);
+        } else {
+            size_t i = r * t->n_groups + c / t->group_size;
+            uint16_t h;
+            float f;
+            if (t->scale_dtype == CB_F32)
+                memcpy(&f, t->scales + 4 * i, 4);
+            else {
+                memcpy(&h, t->scales + 2 * i, 2);
+                f = cb_f16_to_f32(h);
+            }
+            w = (double)f * (double)(int8_t)row[c];
+        }
+        s += fabs(w * x[c]);
+    }
+    uint64_t idx = 0;
+    for (size_t k = 0; k < t->n_outliers; k++) {
+        idx += t->ogap[k];
+        if (idx / t->cols == r)
+            s += fabs((double)cb_f16_to_f32(t->oval[k]) * x[idx % t->cols]);
+    }
+    return s;
+}
+
+int main(void)
+{
+    static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
+    static const size_t cols_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 64, 65, 100, 255, 256, 257, 1000};
+    static const size_t group_list[] = {0, 1, 3, 7, 8, 16, 17, 32, 64}; /* 0: one group per row */
+    rng r = {0x9e3779b97f4a7c15ull};
+    size_t cases = 0, outputs = 0;
+    double worst = 0.0;
+    for (int kind = 0; kind < N_KINDS; kind++)
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+                for (size_t gi = 0; gi < (kind >= KIND_I8_F32S ? sizeof group_list / sizeof *group_list : 1); gi++)
+                    for (int onehot = 0; onehot < 2; onehot++) {
+                        size_t rows = rows_list[ri], cols = cols_list[ci];
+                        size_t group = group_list[gi] && group_list[gi] < cols ? group_list[gi] : cols;
+                        if (gi && group == cols)
+                            continue; /* the per-row case, done at gi = 0 */
+                        matrix m;
+                        fill(&m, kind, rows, cols, group, &r);
+                        size_t xs = EXACT_BUFFERS ? cols : cols + SLACK, ys = EXACT_BUFFERS ? rows : rows + SLACK;
+                        float *x = malloc(xs * sizeof *x), *y0 = malloc(ys * sizeof *y0);
+                        float *ya = malloc(ys * sizeof *ya), *yb = malloc(ys * sizeof *yb);
+                        size_t hot = next(&r) % cols;
+                        for (size_t c = 0; c < xs; c++)
+                            x[c] = c >= cols ? NAN : onehot ? (c == hot ? 1.0f : 0.0f) : uniform(&r) * 3.0f;
+                        for (size_t i = 0; i < ys; i++)
+                            y0[i] = i < rows ? uniform(&r) : SENTINEL;
+                        int accumulate = !onehot && next(&r) % 2;
+                        float alpha = onehot ? 1.0f : uniform(&r) * 2.0f;
+                        memcpy(ya, y0, ys * sizeof *ya);
+                        memcpy(yb, y0, ys * sizeof *yb);
+                        cb_matvec(&m.t, x, ya, alpha, accumulate);
+                        cb_matvec_scalar(&m.t, x, yb, alpha, accumulate);
+                        for (size_t i = 0; i < ys; i++) {
+                            double bound = 0.0, err = fabs((double)ya[i] - (double)yb[i]);
+                            int ok;
+                            if (i >= rows) {
+                                ok = ya[i] == SENTINEL;
+                            } else if (onehot) {
+                                ok = ya[i] == yb[i];
+                            } else {
+                                double mag = fabs(alpha) * magnitude(&m.t, i, x) + (accumulate ? fabs(y0[i]) : 0.0);
+                                bound = 1e-5 * mag + 1e-30;
+                                ok = err <= bound && !isnan(ya[i]);
+                                if (mag > 0.0 && err / mag > worst)
+                                    worst = err / mag;
+                            }
+                            if (!ok) {
+                                printf("FAIL %s rows=%zu cols=%zu group=%zu onehot=%d row %zu: simd %.9g scalar %.9g"
+                                       " (bound %.3g)\n", kind_name[kind], rows, cols, group, onehot, i,
+                                       (double)ya[i], (double)yb[i], bound);
+                                return 1;
+                            }
+                        }
+                        outputs += rows;
+                        cases++;
+                        free(x);
+                        free(y0);
+                        free(ya);
+                        free(yb);
+                        release(&m);
+                    }
+    printf("kernels_test %s: %zu cases, %zu outputs, max rel err %.3g\n", cb_kernels_isa(), cases, outputs, worst);
+    return 0;
+}
