@@ -3,7 +3,9 @@
  *
  * libm's expf/sinf/cosf differ in the last bit between glibc, newlib and
  * picolibc; these are plain IEEE arithmetic (built with -ffp-contract=off), so
- * every target computes bit-identical logits.
+ * the nonlinearities agree bit for bit on every target. Logits then differ
+ * between targets only by the SIMD kernels' summation order (kernels.h);
+ * scalar builds (KERNELS=scalar) of any two targets agree bit for bit.
  */
 #ifndef CB_MATH_H
 #define CB_MATH_H
