@@ -58,6 +58,7 @@ def build_model(tmp_path_factory):
             build = tmp_path_factory.mktemp(f"build-{quant}-{target}")
             scons(f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra, build=build)
             suffix = "".join(f"-{s}" for a in extra if a.startswith("SANITIZE=") for s in a[9:].split(","))
+            suffix += "-scalar" if "KERNELS=scalar" in extra else ""
             done[key] = build / f"{target}{suffix}" / c_identifier(Path(ckpt).name)
         return done[key]
 

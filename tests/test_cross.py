@@ -154,3 +154,17 @@ def test_all_targets_in_one_run_and_null_build(cross_ckpt, tmp_path):
         assert (build / t / "crossm" / "compile_commands.json").is_file()
     assert scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", "--question", build=build,
                  check=False).returncode == 0
+
+
+def test_scalar_builds_agree_bit_for_bit_across_targets(cross_ckpt, build_model):
+    """Own exp/sin/cos and no FMA contraction: scalar kernels give the same bits on every ISA."""
+    runs = {}
+    for target, extra in (("x86_64", ("KERNELS=scalar",)), ("riscv64", ("KERNELS=scalar",)),
+                          ("rpi4", ("KERNELS=scalar",)), ("rpi-armv7", ("KERNELS=scalar",))):
+        _usable(target)
+        out = build_model(cross_ckpt, "int8c", target, *extra)
+        lines = _run(target, out / "colibri_demo", "--tokens", "3,17,42", "--generate", "8", "--print-logits")
+        runs[target] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
+    first = next(iter(runs.values()))
+    for target, lines in runs.items():
+        assert lines == first, f"{target} differs from x86_64 in the printed logits"
