@@ -1,0 +1,143 @@
+"""Task accuracy of the demo model through the C runtime, per quantization, and int8c vs Q8_0.
+
+    .venv/bin/python bench/accuracy.py [--ckpt firmware_examples/models/adder] [--n 1000]
+
+For f32, f16, int8 and int8c exports (built for the host with SCons) it prints exact-match on
+the held-out problems (greedy decoding in C), bits per weight, and against the fp32 numpy
+reference: mean KL divergence and top-1 agreement of the logits at every answer position
+(teacher-forced along the fp32 answer). Q8_0 (llama.cpp's format, numpy) is printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "firmware_examples/models"), str(ROOT / "tests")]
+
+import adder_task  # noqa: E402
+
+from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
+from colibri.codegen.reference import Reference  # noqa: E402
+from colibri.codegen.spec import canonical_names  # noqa: E402
+from colibri.runtime import load  # noqa: E402
+
+from q8_0 import q8_0_dequantized  # noqa: E402
+
+VARIANTS = (("f32", ()), ("f16", ()), ("int8", ()), ("int8c", ()))
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def teacher_forced(forward, reset, prompts: list[list[int]], answers: list[list[int]]) -> np.ndarray:
+    """Logits predicting each answer token (and the EOS after it), along the given answers."""
+    out = []
+    for p, a in zip(prompts, answers, strict=True):
+        reset()
+        logits = forward(p)
+        out.append(logits)
+        for tok in a:
+            logits = forward([tok])
+            out.append(logits)
+    return np.array(out)
+
+
+def greedy(m, prompt: list[int], max_new: int) -> list[int]:
+    m.reset()
+    logits = m.forward(prompt)
+    ids: list[int] = []
+    for _ in range(max_new):
+        tok = int(np.argmax(logits))
+        ids.append(tok)
+        if tok == adder_task.EOS:
+            break
+        logits = m.forward([tok])
+    return ids
+
+
+def compare(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
+    p, q = log_softmax(base), log_softmax(other)
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1))), float(np.mean(base.argmax(-1) == other.argmax(-1)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt", default=str(ROOT / "firmware_examples/models/adder"))
+    ap.add_argument("--n", type=int, default=0, help="held-out problems (default: task.json's n_heldout)")
+    a = ap.parse_args()
+    ckpt = Path(a.ckpt)
+    task = json.loads((ckpt / "task.json").read_text())
+    n = a.n or task["n_heldout"]
+    problems = adder_task.make_problems(task["heldout_seed"], n, task["max_digits"])
+    prompts = [adder_task.encode_prompt(p) for p, _ in problems]
+    c = open_checkpoint(ckpt)
+    weights = {k: c.get(k) for k in canonical_names(c.spec)}
+    ref = Reference(c.spec, weights)
+    fp32_answers = []
+    for p in prompts:
+        ref.reset()
+        logits = ref.forward(p)
+        ids = []
+        while len(ids) < task["max_new_tokens"] and (tok := int(np.argmax(logits))) != adder_task.EOS:
+            ids.append(tok)
+            logits = ref.forward([tok])
+        fp32_answers.append(ids)
+    base = teacher_forced(ref.forward, ref.reset, prompts, fp32_answers)
+    ref_exact = np.mean([adder_task.decode_answer(ids) == want
+                         for ids, (_, want) in zip(fp32_answers, problems, strict=True)])
+
+    print(f"demo model {ckpt.name}: {n} held-out problems, max_digits {task['max_digits']}")
+    print(f"{'variant':<18} {'bits/w':>7} {'exact':>7} {'mean KL':>10} {'top-1':>7}  runtime")
+    print(f"{'fp32 reference':<18} {32.0:7.3f} {ref_exact:7.2%} {0.0:10.2e} {1.0:7.2%}  numpy")
+    quantized = [k for k in weights if not (k.endswith("norm") or k.endswith("moe.router"))]
+    q8 = Reference(c.spec, {k: q8_0_dequantized(w) if k in quantized else w for k, w in weights.items()})
+    q8_logits = teacher_forced(q8.forward, q8.reset, prompts, fp32_answers)
+    q8_exact = np.mean([adder_task.decode_answer(greedy_ref(q8, p, task["max_new_tokens"])) == want
+                        for p, (_, want) in zip(prompts, problems, strict=True)])
+    kl, top1 = compare(base, q8_logits)
+    print(f"{'Q8_0 (llama.cpp)':<18} {8.5:7.3f} {q8_exact:7.2%} {kl:10.2e} {top1:7.2%}  numpy")
+
+    build = ROOT / "build" / "accuracy"
+    for quant, extra in VARIANTS:
+        label = quant + ("".join(f" {e.split('=')[0].lower()}={e.split('=')[1]}" for e in extra))
+        broot = build / (quant + "".join(e.replace("=", "") for e in extra))
+        t0 = time.perf_counter()
+        subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={broot}",
+                        f"MODEL={ckpt.absolute()}", f"QUANT={quant}", *extra], check=True, capture_output=True)
+        out = broot / "host" / ckpt.name
+        manifest = json.loads((out / "manifest.json").read_text())
+        rows = [t for t in manifest["tensors"] if t["name"] in quantized]
+        bits = sum(t["payload_bits"] for t in rows) / sum(int(np.prod(t["shape"])) for t in rows)
+        m = load(out / f"libcolibri_{ckpt.name}.so")
+        exact = np.mean([adder_task.decode_answer(greedy(m, p, task["max_new_tokens"])) == want
+                         for p, (_, want) in zip(prompts, problems, strict=True)])
+        kl, top1 = compare(base, teacher_forced(m.forward, m.reset, prompts, fp32_answers))
+        print(f"{label:<18} {bits:7.3f} {exact:7.2%} {kl:10.2e} {top1:7.2%}  C ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def greedy_ref(r: Reference, prompt: list[int], max_new: int) -> list[int]:
+    r.reset()
+    logits = r.forward(prompt)
+    ids: list[int] = []
+    for _ in range(max_new):
+        tok = int(np.argmax(logits))
+        ids.append(tok)
+        if tok == adder_task.EOS:
+            break
+        logits = r.forward([tok])
+    return ids
+
+
+if __name__ == "__main__":
+    sys.exit(main())
