@@ -42,8 +42,8 @@ class ExportOptions:
     group_size: int = 0  # 0: one scale per output row
     outlier_frac: float = DEFAULT_OUTLIER_FRAC
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
-    prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: a fixed one
-    generate: int = 16
+    prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: colibri.json's, else 3,17,42
+    generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
 
@@ -65,7 +65,22 @@ def _tensor_quant(name: str, quant: str) -> str:
     return quant
 
 
-def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int]]:
+def _demo_defaults(ckpt_dir: Path) -> dict:
+    """The checkpoint's own built-in prompt, if it ships a colibri.json ({"prompt": [...], "generate": n})."""
+    path = ckpt_dir / "colibri.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        prompt, generate = data.get("prompt", []), data.get("generate", 0)
+        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and isinstance(generate, int)):
+            raise ValueError("expected {\"prompt\": [token ids], \"generate\": n}")
+    except (OSError, ValueError) as e:
+        raise ExportError(path, f"unreadable: {e}") from None
+    return {"prompt": prompt, "generate": generate}
+
+
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -75,12 +90,14 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= 1 << 20:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
-    prompt = opts.prompt or [t % spec.vocab for t in (3, 17, 42)]
+    demo = _demo_defaults(ckpt_dir)
+    prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
+    generate = opts.generate or demo.get("generate") or 16
     if any(not 0 <= t < spec.vocab for t in prompt):
         raise ExportError(ckpt_dir, f"prompt token outside [0, {spec.vocab})")
-    if len(prompt) + opts.generate > max_seq:
-        raise ExportError(ckpt_dir, f"prompt + {opts.generate} generated tokens exceed max_seq {max_seq}")
-    return max_seq, prompt
+    if len(prompt) + generate > max_seq:
+        raise ExportError(ckpt_dir, f"prompt + {generate} generated tokens exceed max_seq {max_seq}")
+    return max_seq, prompt, generate
 
 
 def predict_logit_error(spec: ModelSpec, exact: dict, approx: dict, max_seq: int) -> dict:
@@ -119,7 +136,7 @@ def export(
     ckpt = open_checkpoint(ckpt_dir)
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
-    max_seq, prompt = _validate_options(ckpt_dir, spec, opts)
+    max_seq, prompt, generate = _validate_options(ckpt_dir, spec, opts)
     source, pruning = ckpt, None
     if opts.prune_experts:
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
@@ -194,14 +211,14 @@ def export(
             "predicted_logit_error": prediction,
             "pruning": pruning,
             "default_prompt": prompt,
-            "default_generate": opts.generate,
+            "default_generate": generate,
             "tensors": rows,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": opts.generate, "flags": feature_flags(spec),
+            "prompt": prompt, "generate": generate, "flags": feature_flags(spec),
         })
     report(_summary(manifest, src_bytes, export_s))
     return ExportResult(name, Path(out_dir), manifest)

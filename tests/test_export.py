@@ -150,3 +150,15 @@ def test_null_build_and_quant_change(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"from colibri.runtime import load; print(load('{so}').vocab)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "64"
+
+
+def test_checkpoint_colibri_json_sets_the_builtin_prompt(tmp_path):
+    ckpt = synth(tmp_path / "m", **SMALL)
+    (ckpt / "colibri.json").write_text(json.dumps({"prompt": [7, 8, 9, 10], "generate": 5}))
+    assert colibri("export", ckpt, "-o", tmp_path / "out").returncode == 0
+    model_h = (tmp_path / "out" / "model.h").read_text()
+    assert "#define COLIBRI_DEFAULT_PROMPT { 7, 8, 9, 10 }" in model_h
+    assert "#define COLIBRI_DEFAULT_GENERATE 5" in model_h
+    (ckpt / "colibri.json").write_text('{"prompt": "not a list"}')
+    res = colibri("export", ckpt, "-o", tmp_path / "out2")
+    assert res.returncode == 2 and "colibri.json" in res.stderr

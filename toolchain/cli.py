@@ -124,8 +124,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
     e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
-    e.add_argument("--prompt", type=_tokens, default=None, help="built-in prompt token ids, e.g. 3,17,42")
-    e.add_argument("--generate", type=int, default=16, help="tokens the built-in demo generates")
+    e.add_argument("--prompt", type=_tokens, default=None,
+                   help="built-in prompt token ids (default: the checkpoint's colibri.json, else 3,17,42)")
+    e.add_argument("--generate", type=int, default=0,
+                   help="tokens the built-in demo generates (default: the checkpoint's colibri.json, else 16)")
     e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
     e.add_argument("--prune-experts", metavar="CALIB", default=None,
                    help="drop experts the calibration set (token ids, a sequence per line) never routes to")
