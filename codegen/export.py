@@ -209,6 +209,7 @@ def export(
                 "rel_error": (sq_err / sq_norm) ** 0.5 if keep and sq_norm else None,
             },
             "predicted_logit_error": prediction,
+            "predict_requested": opts.predict,
             "pruning": pruning,
             "default_prompt": prompt,
             "default_generate": generate,
@@ -265,7 +266,8 @@ def _summary(m: dict, src_bytes: int, seconds: float) -> str:
     t, a = m["totals"], m["arena"]
     err = f"{t['rel_error']:.3e}" if t["rel_error"] is not None else "n/a"
     pred = m["predicted_logit_error"]
-    pred_s = f"{pred['relative']:.3e}" if pred else "n/a (model too large for the probe)"
+    pred_s = f"{pred['relative']:.3e}" if pred else (
+        "not computed (--no-predict)" if not m["predict_requested"] else "n/a (model too large for the probe)")
     return "\n".join([
         f"model {m['model']}: {t['weights']:,} weights, {m['quant']['scheme']}, "
         f"{t['bits_per_weight']:.3f} bits/weight, rel error {err}",

@@ -11,7 +11,7 @@ APT_PACKAGES=(
   gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf gcc-riscv64-linux-gnu
   clang clang-19 lld qemu-user
   gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
-  qemu-system-arm qemu-system-misc valgrind chromium
+  qemu-system-arm qemu-system-misc valgrind chromium llvm
 )
 
 setup_apt() {
