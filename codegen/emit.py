@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import jinja2
 
@@ -29,15 +30,44 @@ def render_sources(out_dir: Path, context: dict) -> None:
     )
     for name in TEMPLATES:
         text = env.get_template(f"{name}.j2").render(**context)
-        (out_dir / name).write_text(text)
+        with unnamed_file(out_dir / name) as f:
+            f.write(text.encode())
+
+
+@contextmanager
+def unnamed_file(path: Path) -> Iterator[BinaryIO]:
+    """A read/write file that gets its name only once it is complete.
+
+    On Linux it is an O_TMPFILE inode linked in at the end, so an export killed
+    with SIGKILL leaves no partial file behind; elsewhere a plain file."""
+    flags = getattr(os, "O_TMPFILE", 0)
+    try:
+        fd = os.open(path.parent, flags | os.O_RDWR, 0o644) if flags else -1
+    except OSError:  # a file system without O_TMPFILE
+        fd = -1
+    if fd < 0:
+        with open(path, "w+b") as f:
+            yield f
+        return
+    with os.fdopen(fd, "w+b") as f:
+        yield f
+        f.flush()
+        # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names the inode without privileges; passing
+        # dir fds makes CPython call linkat (plain link() would link the /proc symlink itself)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.link(f"/proc/self/fd/{fd}", path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+        finally:
+            os.close(dir_fd)
 
 
 @contextmanager
 def staged_dir(out_dir: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces out_dir whole.
 
-    On any error (or an interrupted export) out_dir is left as it was. Stale
-    staging directories of killed exports are removed on the next run.
+    On any error (or an interrupted export) out_dir is left as it was. Files
+    written with unnamed_file appear in it only when complete; the empty staging
+    directory of a killed export is removed by the next run.
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)

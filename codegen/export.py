@@ -13,7 +13,7 @@ import numpy as np
 from . import __version__
 from .blob import BlobWriter, feature_flags, format_version
 from .checkpoint import open_checkpoint
-from .emit import c_identifier, render_sources, staged_dir
+from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
 from .plan import plan_arena
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor, quantize, relative_error
@@ -151,7 +151,7 @@ def export(
     rows: list[dict] = []
     src_bytes = 0
     with staged_dir(Path(out_dir)) as tmp:
-        with open(tmp / "model.bin", "w+b") as f:
+        with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order))
             for tname in order:
                 if tname == "rope_freq":
@@ -215,7 +215,8 @@ def export(
             "default_generate": generate,
             "tensors": rows,
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        with unnamed_file(tmp / "manifest.json") as f:
+            f.write((json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,

@@ -331,17 +331,19 @@ def test_export_killed_half_way_leaves_previous_output(tmp_path, previous):
         for line in proc.stdout:  # one line per tensor written: stop it in layer 1 of 4
             if "layers.1.moe.experts.0.gate" in line:
                 break
-        staging = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
         assert proc.poll() is None, "the export finished before it could be killed"
-        assert staging and (staging[0] / "model.bin").stat().st_size > 0  # it was half-way
+        # half-way: model.bin is being written, as a file that has no name yet
+        fds = [os.readlink(f) for f in Path(f"/proc/{proc.pid}/fd").iterdir()]
+        assert any(".out.tmp-" in f and "(deleted)" in f for f in fds), fds
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert _snapshot(out) == before  # nothing of the killed export in the output directory
-    # Its staging directory (hidden, beside out/) is all that is left; the next export removes it.
-    assert all(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir() if p.name not in ("out", "big"))
+    # No partial file anywhere: at most its empty staging directory is left, which the next export removes.
+    left = [p for p in tmp_path.iterdir() if p.name not in ("out", "big")]
+    assert all(p.name.startswith(".out.tmp-") and not any(p.iterdir()) for p in left), left
     res = colibri("export", big, "-o", out, "--no-predict")
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "out"]
