@@ -43,12 +43,18 @@ setup() { setup_apt; setup_python; }
 
 demo() {
   setup
-  .venv/bin/scons -Q -j"$(nproc)"
-  local model=tiny_mixtral dir=build/host/tiny_mixtral
-  echo "== colibri_demo ($model, int8c, host)"
-  "$dir/colibri_demo"
-  echo "== the same prompt through the Python binding"
-  .venv/bin/python -c "from colibri.runtime import load; m = load('$dir/libcolibri_$model.so'); print('tokens:', ','.join(map(str, m.generate([3, 17, 42], 16))))"
+  local m=adder
+  # the trained demo model (firmware_examples/models/adder) for this machine, a Raspberry Pi 4 and an STM32H7
+  .venv/bin/scons -Q -j"$(nproc)" TARGET=host,rpi4,stm32h7
+  echo
+  echo "== host (x86-64): colibri_demo, built-in prompt <BOS>123+456= (answer 579 = ids 53,55,57 then EOS 257)"
+  "build/host/$m/colibri_demo"
+  echo "== rpi4 (AArch64 Linux, under qemu-aarch64): the same program cross-built"
+  .venv/bin/colibri run --target rpi4 "build/rpi4/$m/colibri_demo"
+  echo "== stm32h7 (Cortex-M7 firmware image, under qemu-system-arm)"
+  .venv/bin/colibri run --target stm32h7 "build/stm32h7/$m/$m.elf"
+  echo "== a few sums through the Python binding"
+  .venv/bin/python firmware_examples/models/ask.py "build/host/$m/libcolibri_$m.so" 123+456 58+67 999+1 404+596 7+8
 }
 
 tests() {

@@ -30,11 +30,8 @@ from .targets import ROOT, Target, TargetError, all_targets, load_target
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
 RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
 DEMO_COMMON = "demo/demo_common.c"
-DEFAULT_MODEL = "build/models/tiny_mixtral"
-DEFAULT_SYNTH = {
-    "arch": "mixtral", "layers": 2, "hidden": 64, "ffn": 128, "heads": 8, "kv_heads": 2, "experts": 4,
-    "top_k": 2, "vocab": 320, "seed": 1, "dtype": "f32",
-}
+DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
+EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
@@ -73,22 +70,9 @@ def _export_action(target, source, env):  # noqa: ARG001 - SCons action signatur
     return 0
 
 
-def _synth_action(target, source, env):  # noqa: ARG001
-    from colibri.codegen.synth import synth_checkpoint
-
-    synth_checkpoint(env["COLIBRI_CKPT"], **json.loads(env["COLIBRI_SYNTH_OPTS"]))
-    return 0
-
-
 def _export(env, ckpt: Path, gen: Path, opts: dict):
     """The codegen Builder: the checkpoint files and the options are its sources."""
-    if ckpt == ROOT / DEFAULT_MODEL:
-        files = [str(ckpt / "config.json"), str(ckpt / "model.safetensors")]
-        env.Command(files, Value(json.dumps(DEFAULT_SYNTH, sort_keys=True)),
-                    Action(_synth_action, f"SYNTH  {ckpt} (the default model)"),
-                    COLIBRI_CKPT=str(ckpt), COLIBRI_SYNTH_OPTS=json.dumps(DEFAULT_SYNTH))
-    else:
-        files = sorted(str(p) for p in ckpt.iterdir() if p.suffix in (".json", ".safetensors"))
+    files = sorted(str(p) for p in ckpt.iterdir() if p.name in EXPORT_INPUTS or p.suffix == ".safetensors")
     outs = [str(gen / n) for n in ("model.h", "model.c", "model_blob.S", "model.bin", "manifest.json")]
     env.Command(outs, files + [Value(json.dumps(opts, sort_keys=True))],
                 Action(_export_action, f"EXPORT {ckpt.name} ({opts['quant']}) -> {gen}"),
