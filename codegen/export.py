@@ -267,14 +267,19 @@ def _summary(m: dict, src_bytes: int, seconds: float) -> str:
     t, a = m["totals"], m["arena"]
     err = f"{t['rel_error']:.3e}" if t["rel_error"] is not None else "n/a"
     pred = m["predicted_logit_error"]
-    pred_s = f"{pred['relative']:.3e}" if pred else (
+    pred_s = (f"{pred['measured_on_probe']:.3e} measured on the probe, {pred['relative']:.3e} predicted bound "
+              f"({pred['margin']:g}x margin)") if pred else (
         "not computed (--no-predict)" if not m["predict_requested"] else "n/a (model too large for the probe)")
+    n_corr = sum(r["n_outliers"] for r in m["tensors"])
+    comp = (f"compensation: {n_corr:,} fp16 corrections ({n_corr / t['weights']:.2%} of the weights, about as many "
+            "extra multiply-adds per forward pass; bench/host.py --quant int8 vs int8c measures the time)")
     return "\n".join([
         f"model {m['model']}: {t['weights']:,} weights, {m['quant']['scheme']}, "
         f"{t['bits_per_weight']:.3f} bits/weight, rel error {err}",
         f"blob {m['blob']['bytes']:,} bytes (crc32 {m['blob']['crc32']:08x})",
         f"arena {a['arena_bytes']:,} bytes planned (naive {a['naive_bytes']:,}; KV cache {a['kv_cache_bytes']:,})"
         f" for max_seq {m['max_seq']}",
-        f"predicted logit error (relative to max |logit|): {pred_s}",
+        f"logit error relative to max |logit|: {pred_s}",
+        *([comp] if n_corr else []),
         f"export {seconds:.2f} s, {src_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s of source weights",
     ])
