@@ -53,6 +53,7 @@ def teacher_forced(forward, reset, prompts: list[list[int]], answers: list[list[
 
 
 def greedy(m, prompt: list[int], max_new: int) -> list[int]:
+    """Greedy answer ids (EOS included) from anything with forward/reset: the C model or the reference."""
     m.reset()
     logits = m.forward(prompt)
     ids: list[int] = []
@@ -102,7 +103,7 @@ def main() -> int:
     quantized = [k for k in weights if not (k.endswith("norm") or k.endswith("moe.router"))]
     q8 = Reference(c.spec, {k: q8_0_dequantized(w) if k in quantized else w for k, w in weights.items()})
     q8_logits = teacher_forced(q8.forward, q8.reset, prompts, fp32_answers)
-    q8_exact = np.mean([adder_task.decode_answer(greedy_ref(q8, p, task["max_new_tokens"])) == want
+    q8_exact = np.mean([adder_task.decode_answer(greedy(q8, p, task["max_new_tokens"])) == want
                         for p, (_, want) in zip(prompts, problems, strict=True)])
     kl, top1 = compare(base, q8_logits)
     print(f"{'Q8_0 (llama.cpp)':<18} {8.5:7.3f} {q8_exact:7.2%} {kl:10.2e} {top1:7.2%}  numpy")
@@ -124,19 +125,6 @@ def main() -> int:
         kl, top1 = compare(base, teacher_forced(m.forward, m.reset, prompts, fp32_answers))
         print(f"{label:<18} {bits:7.3f} {exact:7.2%} {kl:10.2e} {top1:7.2%}  C ({time.perf_counter() - t0:.1f} s)")
     return 0
-
-
-def greedy_ref(r: Reference, prompt: list[int], max_new: int) -> list[int]:
-    r.reset()
-    logits = r.forward(prompt)
-    ids: list[int] = []
-    for _ in range(max_new):
-        tok = int(np.argmax(logits))
-        ids.append(tok)
-        if tok == adder_task.EOS:
-            break
-        logits = r.forward([tok])
-    return ids
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import ModelSpec, canonical_names
-from .mixtral import _Config, _rope_theta
+from .mixtral import _Config, _rope_theta, attention_dims
 
 __all__ = ["Names", "_Config", "attention_dims", "common_fields", "reject_keys", "bool_key", "layer_list"]
 
@@ -98,25 +98,6 @@ def layer_list(cfg: _Config, key: str, n_layers: int) -> list[int]:
                                       for i in v):
         raise cfg.fail(key, f"must be a list of layer indices in [0, {n_layers}), got {v!r}")
     return v
-
-
-def attention_dims(cfg: _Config) -> tuple[int, int, int, int]:
-    """(hidden, n_heads, n_kv_heads, head_dim); head_dim from its key or hidden / heads, as HF does."""
-    hidden = cfg.positive_int("hidden_size")
-    n_heads = cfg.positive_int("num_attention_heads")
-    n_kv = cfg.positive_int("num_key_value_heads", n_heads)
-    if n_heads % n_kv:
-        raise cfg.fail("num_key_value_heads", f"num_attention_heads {n_heads} is not a multiple of {n_kv}")
-    if cfg.data.get("head_dim") is not None:
-        head_dim = cfg.positive_int("head_dim")
-    elif hidden % n_heads:
-        raise cfg.fail("num_attention_heads", f"hidden_size {hidden} is not a multiple of {n_heads} "
-                                              "and there is no head_dim")
-    else:
-        head_dim = hidden // n_heads
-    if head_dim % 2:
-        raise cfg.fail("head_dim", f"head dimension {head_dim} is odd; rotary embedding needs pairs")
-    return hidden, n_heads, n_kv, head_dim
 
 
 def common_fields(cfg: _Config, *, sliding_key: str | None = "use_sliding_window") -> dict[str, Any]:

@@ -101,12 +101,10 @@ def _rope_theta(cfg: _Config) -> float:
     return cfg.positive_float("rope_theta", cfg.get("rope_theta"))
 
 
-def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    """Build the ModelSpec of a Mixtral config.json, rejecting what the reference cannot compute exactly."""
-    cfg = _Config(data, path)
+def attention_dims(cfg: _Config) -> tuple[int, int, int, int]:
+    """(hidden, n_heads, n_kv_heads, head_dim); head_dim from its key or hidden / heads, as HF does."""
     hidden = cfg.positive_int("hidden_size")
     n_heads = cfg.positive_int("num_attention_heads")
-    # HF defaults the kv heads to the query heads (plain multi-head attention).
     n_kv = cfg.positive_int("num_key_value_heads", n_heads)
     if n_heads % n_kv:
         raise cfg.fail("num_key_value_heads", f"num_attention_heads {n_heads} is not a multiple of {n_kv}")
@@ -119,6 +117,13 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
         head_dim = hidden // n_heads
     if head_dim % 2:
         raise cfg.fail("head_dim", f"head dimension {head_dim} is odd; rotary embedding needs pairs")
+    return hidden, n_heads, n_kv, head_dim
+
+
+def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
+    """Build the ModelSpec of a Mixtral config.json, rejecting what the reference cannot compute exactly."""
+    cfg = _Config(data, path)
+    hidden, n_heads, n_kv, head_dim = attention_dims(cfg)
     n_experts = cfg.positive_int("num_local_experts")
     top_k = cfg.positive_int("num_experts_per_tok")
     if top_k > n_experts:
