@@ -25,6 +25,18 @@ GOLDEN = {
 }
 
 
+def require_target(name: str):
+    """The target, or a skip naming what this machine lacks to build and run for it."""
+    from colibri.toolchain.targets import load_target
+
+    t = load_target(name)
+    if missing := t.missing(run=True):
+        pytest.skip(f"{name}: {', '.join(missing)} not installed ({t.install_hint()})")
+    if t.cpu_missing():
+        pytest.skip(f"{name}: this CPU lacks {', '.join(t.cpu_missing())}")
+    return t
+
+
 def synth(path: Path, **kw) -> Path:
     from colibri.codegen.synth import synth_checkpoint
 

@@ -14,7 +14,7 @@ from colibri.codegen.spec import canonical_names
 from colibri.toolchain.targets import all_targets, load_target
 
 from blobread import weights as blob_weights
-from conftest import BIN, ROOT, scons, synth
+from conftest import BIN, ROOT, require_target, scons, synth
 
 CROSS = [t.name for t in all_targets() if t.kind == "linux" and t.name != "host"]
 ELF_MACHINE = {"x86_64": "Advanced Micro Devices X86-64", "aarch64": "AArch64", "arm": "ARM",
@@ -35,15 +35,6 @@ def references(cross_ckpt):
     return c.spec, {n: c.get(n) for n in canonical_names(c.spec)}
 
 
-def _usable(name: str) -> None:
-    t = load_target(name)
-    missing = t.missing(run=True)
-    if missing:
-        pytest.skip(f"{name}: {', '.join(missing)} not installed ({t.install_hint()})")
-    if t.cpu_missing():
-        pytest.skip(f"{name}: this CPU lacks {', '.join(t.cpu_missing())}")
-
-
 def _run(target: str, program, *args: str) -> list[str]:
     res = subprocess.run([str(BIN / "colibri"), "run", "--target", target, str(program), "--", *args],
                          capture_output=True, text=True, timeout=300)
@@ -61,7 +52,7 @@ def _parse(lines: list[str]) -> tuple[list[int], np.ndarray]:
 @pytest.mark.parametrize("quant", ["f32", "int8c"])
 @pytest.mark.parametrize("target", CROSS)
 def test_target_matches_reference(target, quant, cross_ckpt, references, build_model):
-    _usable(target)
+    require_target(target)
     out = build_model(cross_ckpt, quant, target)
     spec, src = references
     weights = src if quant == "f32" else {k: v for k, v in blob_weights(out / "model.bin").items()
@@ -86,7 +77,7 @@ def _readelf(*args) -> str:
 
 @pytest.mark.parametrize("target", CROSS)
 def test_shared_objects_are_hardened(target, cross_ckpt, build_model):
-    _usable(target)
+    require_target(target)
     out = build_model(cross_ckpt, "int8c", target)
     arch = load_target(target).arch
     for so in (out / f"libcolibri_{out.name}.so", out / "libcolibri.so"):
@@ -107,7 +98,7 @@ def test_shared_objects_are_hardened(target, cross_ckpt, build_model):
 
 
 def test_pkg_config_app_builds_and_runs_on_target(cross_ckpt, build_model, tmp_path):
-    _usable("rpi4")
+    require_target("rpi4")
     out = build_model(cross_ckpt, "int8c", "rpi4")
     app = tmp_path / "app.c"
     app.write_text(
@@ -161,7 +152,7 @@ def test_scalar_builds_agree_bit_for_bit_across_targets(cross_ckpt, build_model)
     runs = {}
     for target, extra in (("x86_64", ("KERNELS=scalar",)), ("riscv64", ("KERNELS=scalar",)),
                           ("rpi4", ("KERNELS=scalar",)), ("rpi-armv7", ("KERNELS=scalar",))):
-        _usable(target)
+        require_target(target)
         out = build_model(cross_ckpt, "int8c", target, *extra)
         lines = _run(target, out / "colibri_demo", "--tokens", "3,17,42", "--generate", "8", "--print-logits")
         runs[target] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]

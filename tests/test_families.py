@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cross import _parse, _run, _usable
+from test_cross import _parse, _run
 
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.errors import ExportError
@@ -22,7 +22,7 @@ from colibri.runtime import load
 
 from blobread import header
 from blobread import weights as blob_weights
-from conftest import synth
+from conftest import require_target, synth
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hf_families.json"
 PROMPT = [3, 17, 42, 5, 9]
@@ -102,7 +102,7 @@ def test_host_matches_reference(family, quant, family_ckpts, build_model):
 @pytest.mark.parametrize("target", [t for t in TARGETS if t != "host"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_target_matches_reference(family, target, quant, family_ckpts, build_model):
-    _usable(target)
+    require_target(target)
     ckpt = family_ckpts[family]
     out = build_model(ckpt, quant, target)
     weights = None if quant == "f32" else {k: v for k, v in blob_weights(out / "model.bin").items()
