@@ -1,13 +1,17 @@
-"""Single-thread decode/prefill speed of the C runtime against the llama.cpp figures.
+"""Decode/prefill speed of the C runtime against the llama.cpp figures, 1 and 2 threads.
 
     .venv/bin/python bench/speed.py [--shapes 30m,288m] [--targets host,x86_64-v3] [--quant int8c]
-                                    [--reps 5] [--qemu rpi4,rpi5,riscv64-rvv] [--no-callgrind] [--keep]
+                                    [--reps 5] [--threads 2] [--qemu rpi4,rpi5,riscv64-rvv] [--no-callgrind]
+                                    [--keep]
 
 For each synthetic Mixtral shape: export once, build every target twice with SCons (the
-SIMD kernels, and KERNELS=scalar: -DCOLIBRI_SCALAR), then in a fresh process per build
-run prefill (one forward over the prompt) and decode (one token per forward) through the
-ctypes binding, median of --reps. Prints per build: tok/s, the ratio to the scalar build
-and to llama.cpp Q8_0 (1 thread, measured on this machine kind), bytes of weights read
+SIMD kernels, and KERNELS=scalar: -DCOLIBRI_SCALAR), then run each build's colibri_demo:
+prefill (one forward over the prompt, the runtime's blocked matrix-matrix path) and decode
+(one token per forward), --reps times, the 1-thread and the --threads runs (the demo's
+pthread pool behind colibri_set_parallel) alternating so both see the same machine; medians.
+Prints per build: tok/s, the ratio to the scalar build, the N-thread/1-thread ratio (and
+whether the N-thread tokens equal the 1-thread ones: they must, bit for bit), the ratio
+to llama.cpp Q8_0 (1 thread, measured on this machine kind), bytes of weights read
 per decoded token (expected value over the top_k of n_experts routing), the bandwidth
 that implies, and its fraction of a streaming read of a buffer as large as the blob
 (measured in the same run by a tiny C program; a DRAM-sized one is printed too).
@@ -98,28 +102,29 @@ def stream_gbs(work: Path, nbytes: int) -> float:
                                 check=True).stdout.split()[0])
 
 
-def worker(so: str, prefill: int, decode: int, reps: int, vocab: int) -> None:
-    """Runs in its own process: one library per process, nothing shared between builds."""
-    from colibri.runtime import load
+def demo_rates(demo: Path, prefill: int, decode: int, threads: int) -> dict:
+    """One run of colibri_demo: prefill and decode tok/s and the generated tokens."""
+    prompt = ",".join(str((i * 7919 + 11) % 32000) for i in range(prefill))
+    res = subprocess.run([str(demo), "--tokens", prompt, "--generate", str(decode + 1), "--threads", str(threads)],
+                         capture_output=True, text=True, check=True)
+    out = {}
+    for line in res.stdout.splitlines():
+        key, _, value = line.partition(": ")
+        out[key] = value
+    return {"decode": float(out["tok/s"]), "prefill": float(out["prefill tok/s"]),
+            "tokens": [int(t) for t in out["tokens"].split(",")]}
 
-    m = load(so)
-    prompt = [(i * 7919 + 11) % vocab for i in range(prefill)]
-    pre, dec, dec_cpu, tokens = [], [], [], []
+
+def measure(demo: Path, prefill: int, decode: int, reps: int, threads: int) -> dict[int, dict]:
+    """Median rates over reps for 1 and `threads` threads, the runs interleaved."""
+    runs: dict[int, list[dict]] = {1: [], threads: []}
     for _ in range(reps):
-        m.reset()
-        t0 = time.perf_counter()
-        logits = m.forward(prompt)
-        pre.append(prefill / (time.perf_counter() - t0))
-        tok, toks = int(logits.argmax()), []
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for _ in range(decode):
-            toks.append(tok)
-            tok = int(m.forward([tok]).argmax())
-        dec.append(decode / (time.perf_counter() - t0))
-        dec_cpu.append(decode / (time.thread_time() - c0))
-        tokens = toks
-    print(json.dumps({"prefill": statistics.median(pre), "decode": statistics.median(dec),
-                      "decode_cpu": statistics.median(dec_cpu), "tokens": tokens}))
+        for n in runs:
+            runs[n].append(demo_rates(demo, prefill, decode, n))
+    return {n: {"decode": statistics.median(r["decode"] for r in rs),
+                "prefill": statistics.median(r["prefill"] for r in rs),
+                "tokens": rs[-1]["tokens"], "same_tokens": all(r["tokens"] == rs[0]["tokens"] for r in rs)}
+            for n, rs in runs.items()}
 
 
 def scons(build: Path, ckpt: Path, targets: list[str], quant: str, max_seq: int, *extra: str) -> None:
@@ -172,15 +177,12 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=64)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2, help="the parallel run's thread count")
     ap.add_argument("--qemu", default="rpi4,rpi5,riscv64-rvv", help="cross targets for the QEMU ratio ('' none)")
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("--work", default=str(ROOT / "build" / "speed"))
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints and builds for the next run")
-    ap.add_argument("--worker", nargs=2, metavar=("SO", "VOCAB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.worker:
-        worker(a.worker[0], a.prefill, a.decode, a.reps, int(a.worker[1]))
-        return 0
 
     from colibri.codegen.synth import synth_checkpoint
     from colibri.toolchain.targets import load_target
@@ -215,10 +217,9 @@ def main() -> int:
             res = {}
             for kern in ("simd", "scalar"):
                 out = build / (t if kern == "simd" else f"{t}-scalar") / name
-                proc = subprocess.run([sys.executable, __file__, "--worker", str(out / f"libcolibri_{name}.so"),
-                                       str(kw["vocab"]), "--prefill", str(a.prefill), "--decode", str(a.decode),
-                                       "--reps", str(a.reps)], capture_output=True, text=True, check=True)
-                res[kern] = json.loads(proc.stdout)
+                both = measure(out / "colibri_demo", a.prefill, a.decode, a.reps, a.threads)
+                res[kern] = both[1]
+                res[kern]["par"] = both[a.threads]
                 ir = None
                 if not a.no_callgrind and shape == "30m" and not uses_avx512(t):
                     ir = callgrind_per_token(out / "colibri_demo")
@@ -228,10 +229,15 @@ def main() -> int:
             for kern, r in (("simd", s), ("scalar", c)):
                 ir = f"{r['ir'] / 1e6:.1f} M instr/token (callgrind)" if r["ir"] else "callgrind n/a"
                 gbs = r["decode"] * wpt / 1e9
-                print(f"[{shape}] {t:<10} {kern:<6} decode {r['decode']:8.1f} tok/s (CPU time: {r['decode_cpu']:.1f}) "
+                p = r["par"]
+                print(f"[{shape}] {t:<10} {kern:<6} decode {r['decode']:8.1f} tok/s "
                       f"({r['decode'] / LLAMA[shape]['decode']:.2f}x llama.cpp)  prefill {r['prefill']:8.1f} tok/s "
                       f"({r['prefill'] / LLAMA[shape]['prefill']:.2f}x)  weights {gbs:5.1f} GB/s = "
                       f"{gbs / bw_blob:.0%} of streaming  {ir}", flush=True)
+                print(f"[{shape}] {t:<10} {kern:<6} {a.threads} threads: decode {p['decode']:8.1f} tok/s "
+                      f"({p['decode'] / r['decode']:.2f}x 1 thread), prefill {p['prefill']:8.1f} tok/s "
+                      f"({p['prefill'] / r['prefill']:.2f}x); tokens equal 1 thread's: {p['tokens'] == r['tokens']}",
+                      flush=True)
             print(f"[{shape}] {t:<10} SIMD/scalar: decode {s['decode'] / c['decode']:.2f}x, prefill "
                   f"{s['prefill'] / c['prefill']:.2f}x; greedy tokens equal: {s['tokens'] == c['tokens']}",
                   flush=True)
@@ -246,14 +252,17 @@ def main() -> int:
 
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     print(f"\nload average at the end: {load} (wall-clock figures mean something only on an idle machine)")
-    print("summary (int8c, 1 thread; llama.cpp Q8_0 1 thread; goal decode >= 1.3x, prefill >= 1.0x)")
+    print(f"summary ({a.quant}, SIMD build; llama.cpp Q8_0 1 thread; goal decode >= 1.3x, prefill >= 1.0x; "
+          f"{a.threads}T = {a.threads} threads)")
     print(f"{'shape':<6} {'target':<10} {'decode':>9} {'llama':>7} {'ratio':>6} {'prefill':>9} {'llama':>7} "
-          f"{'ratio':>6} {'MB/tok':>7} {'roofline':>8}")
+          f"{'ratio':>6} {f'dec {a.threads}T':>9} {'x1T':>5} {f'pre {a.threads}T':>9} {'x1T':>5} {'MB/tok':>7} "
+          f"{'roofline':>8}")
     for shape, t, s, _c, wpt, bw in rows:
-        ll = LLAMA[shape]
+        ll, p = LLAMA[shape], s["par"]
         print(f"{shape:<6} {t:<10} {s['decode']:9.1f} {ll['decode']:7.0f} {s['decode'] / ll['decode']:6.2f} "
-              f"{s['prefill']:9.1f} {ll['prefill']:7.0f} {s['prefill'] / ll['prefill']:6.2f} {wpt / 1e6:7.2f} "
-              f"{s['decode'] * wpt / 1e9 / bw:8.0%}")
+              f"{s['prefill']:9.1f} {ll['prefill']:7.0f} {s['prefill'] / ll['prefill']:6.2f} {p['decode']:9.1f} "
+              f"{p['decode'] / s['decode']:5.2f} {p['prefill']:9.1f} {p['prefill'] / s['prefill']:5.2f} "
+              f"{wpt / 1e6:7.2f} {s['decode'] * wpt / 1e9 / bw:8.0%}")
     if not a.keep:
         shutil.rmtree(work / "b", ignore_errors=True)
     return 0

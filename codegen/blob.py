@@ -73,7 +73,7 @@ SCALE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 _HEADER = struct.Struct("<IHHIIQII" + "I" * 11 + "ff" + "IQ" + "Q" * 11)
 _HEADER_11 = struct.Struct("<QQIIfI32s")  # at offset 184: buffer_offset[11..12], shared_ffn, dense_ffn,
 _HEADER_11_OFFSET = 184                    # routed_scale, reserved, dense-layer bitmap
-_ENTRY = struct.Struct("<HHHBBIIIIII" + "QQQQ")
+TABLE_ENTRY = struct.Struct("<HHHBBIIIIII" + "QQQQ")
 
 
 def kind_of(name: str) -> tuple[int, int, int]:
@@ -167,7 +167,7 @@ class BlobWriter:
             oidx_off = self._put(gaps)
             oval_off = self._put(vals)
         self.entries.append(
-            _ENTRY.pack(
+            TABLE_ENTRY.pack(
                 kind, layer, expert, DTYPES[qt.dtype], scale_code, qt.rows, qt.cols, stride,
                 qt.group_size or qt.cols, n_out, 0, data_off, scale_off, oidx_off, oval_off,
             )
@@ -192,11 +192,13 @@ class BlobWriter:
             spec.rms_eps, spec.rope_theta, len(plan.buffers), plan.arena_bytes,
             *(b.offset for b in plan.buffers[:11]),
         )
-        if minor:
+        # the prefill block (at 212) is written whenever it is not 1; 0 there means 1 (all older blobs)
+        block = plan.prefill_block if plan.prefill_block > 1 else 0
+        if minor or block:
             extra = [b.offset for b in plan.buffers[11:]]
             extra += [0] * (2 - len(extra))
             header += _HEADER_11.pack(*extra, spec.shared_ffn, spec.dense_ffn,
-                                      spec.routed_scale if flags & FLAG_ROUTED_SCALE else 0.0, 0,
+                                      spec.routed_scale if flags & FLAG_ROUTED_SCALE else 0.0, block,
                                       dense_bitmap(spec))
         head = header.ljust(HEADER_FIXED, b"\0") + b"".join(self.entries)
         head = head.ljust(self.header_bytes, b"\0")
@@ -224,8 +226,9 @@ def read_header(path: Path) -> dict:
     out = dict(zip(keys, v[: len(keys)], strict=True))
     out["buffer_offsets"] = list(v[len(keys) :])
     raw = Path(path).read_bytes()[:HEADER_FIXED]
-    b11, b12, shared_ffn, dense_ffn, scale, _, bitmap = _HEADER_11.unpack_from(raw, _HEADER_11_OFFSET)
+    b11, b12, shared_ffn, dense_ffn, scale, block, bitmap = _HEADER_11.unpack_from(raw, _HEADER_11_OFFSET)
     out["buffer_offsets"] += [b11, b12][: max(0, out["n_buffers"] - 11)]
-    out.update(shared_ffn=shared_ffn, dense_ffn=dense_ffn, routed_scale=scale if out["flags"] & FLAG_ROUTED_SCALE
-               else 1.0, dense_layers=[i for i in range(8 * DENSE_BITMAP_BYTES) if bitmap[i // 8] >> (i % 8) & 1])
+    out.update(shared_ffn=shared_ffn, dense_ffn=dense_ffn, prefill_block=max(block, 1),
+               routed_scale=scale if out["flags"] & FLAG_ROUTED_SCALE else 1.0,
+               dense_layers=[i for i in range(8 * DENSE_BITMAP_BYTES) if bitmap[i // 8] >> (i % 8) & 1])
     return out

@@ -14,8 +14,14 @@ from .spec import ModelSpec
 CTX_BYTES = 256  # the runtime's context sits at arena offset 0
 ALIGN = 64
 F32 = 4
+# Tokens one prefill block holds: a prompt runs through the layers this many tokens at a time, each
+# expert's weights read once per block. Recorded in the blob header (FORMAT.md); the runtime
+# accepts 1..MAX_PREFILL_BLOCK (its CB_MAX_BLOCK).
+PREFILL_BLOCK = 32
+MAX_PREFILL_BLOCK = 32
 
-# (name, first step, last step) in FORMAT.md order; steps are those of one layer
+# (name, first step, last step) in FORMAT.md order; steps are those of one layer, taken by all the
+# tokens of a block before the next step
 BUFFER_LIFETIMES: tuple[tuple[str, int, int], ...] = (
     ("key_cache", 0, 11),
     ("value_cache", 0, 11),
@@ -57,6 +63,7 @@ class ArenaPlan:
     arena_bytes: int
     naive_bytes: int  # context + every buffer side by side, no reuse
     kv_cache_bytes: int
+    prefill_block: int = 1  # tokens the per-token buffers hold
 
     def to_json(self) -> dict:
         return {
@@ -64,6 +71,7 @@ class ArenaPlan:
             "naive_bytes": self.naive_bytes,
             "kv_cache_bytes": self.kv_cache_bytes,
             "context_bytes": CTX_BYTES,
+            "prefill_block": self.prefill_block,
             "buffers": [
                 {"name": b.name, "offset": b.offset, "bytes": b.nbytes, "live_steps": [b.first, b.last]}
                 for b in self.buffers
@@ -71,23 +79,28 @@ class ArenaPlan:
         }
 
 
-def buffer_elements(spec: ModelSpec, max_seq: int) -> dict[str, int]:
+def prefill_block(max_seq: int) -> int:
+    return max(1, min(PREFILL_BLOCK, max_seq))
+
+
+def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1) -> dict[str, int]:
+    """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block."""
     kv = spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim
     qdim = spec.n_heads * spec.head_dim
     return {
         "key_cache": kv,
         "value_cache": kv,
-        "x": spec.hidden,
-        "xb": spec.hidden,
-        "q": qdim,
-        "att": qdim,
+        "x": block * spec.hidden,
+        "xb": block * spec.hidden,
+        "q": block * qdim,
+        "att": block * qdim,
         "scores": max_seq,
-        "router": spec.n_experts,
-        "gate": spec.ffn,
-        "up": spec.ffn,
-        "moe": spec.hidden,
-        "xgate": max(spec.shared_ffn, spec.dense_ffn),
-        "xup": max(spec.shared_ffn, spec.dense_ffn),
+        "router": block * spec.n_experts,
+        "gate": block * spec.ffn,
+        "up": block * spec.ffn,
+        "moe": block * spec.hidden,
+        "xgate": block * max(spec.shared_ffn, spec.dense_ffn),
+        "xup": block * max(spec.shared_ffn, spec.dense_ffn),
     }
 
 
@@ -97,10 +110,14 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
     return BUFFER_LIFETIMES if extra else BUFFER_LIFETIMES[:N_BASE_BUFFERS]
 
 
-def plan_arena(spec: ModelSpec, max_seq: int) -> ArenaPlan:
+def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None) -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
-    buffer whose lifetime overlaps its own (TFLite Micro's greedy planner)."""
-    elems = buffer_elements(spec, max_seq)
+    buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
+    block: tokens per prefill block (default PREFILL_BLOCK, at most max_seq)."""
+    block = prefill_block(max_seq) if block is None else block
+    if not 1 <= block <= MAX_PREFILL_BLOCK:
+        raise ValueError(f"prefill block {block} outside 1..{MAX_PREFILL_BLOCK}")
+    elems = buffer_elements(spec, max_seq, block)
     lifetimes = buffer_lifetimes(spec)
     sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes}
     order = sorted(range(len(lifetimes)), key=lambda i: (-sizes[lifetimes[i][0]], i))
@@ -122,4 +139,5 @@ def plan_arena(spec: ModelSpec, max_seq: int) -> ArenaPlan:
         arena_bytes=arena,
         naive_bytes=CTX_BYTES + sum(sizes.values()),
         kv_cache_bytes=sizes["key_cache"] + sizes["value_cache"],
+        prefill_block=block,
     )

@@ -67,7 +67,7 @@ def test_arena_bounds_and_read_only_blob(model, blobs, contract_asan):
 @pytest.mark.parametrize("model", MODELS)
 def test_misuse_returns_codes_and_context_stays_usable(model, blobs, contract_asan):
     out = run(contract_asan, "misuse", blobs[model])
-    assert out.count("\nok ") + out.startswith("ok ") == 6, out
+    assert out.count("\nok ") + out.startswith("ok ") == 7, out
 
 
 @pytest.mark.parametrize("model", ["int8c_gqa", "golden_gqa_top2"])

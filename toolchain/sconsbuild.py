@@ -185,15 +185,15 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     common = objs(demo_env, "demo_common", str(src / DEMO_COMMON))
     demo = demo_env.Program(str(out / "colibri_demo"),
                             [objs(demo_env, "colibri_demo", str(src / "demo/colibri_demo.c")), common, lib_a],
-                            LIBS=["m"])
+                            LIBS=["m", "pthread"])
     run = demo_env.Program(str(out / "colibri_run"),
                            [objs(demo_env, "colibri_run", str(src / "demo/colibri_run.c")), common] + generic_objs,
-                           LIBS=["m"])
+                           LIBS=["m", "pthread"])
     # dlopen needs a dynamically linked program
     dl_env = env.Clone(LINKFLAGS=env["LINKFLAGS"] + ["-Wl,--gc-sections"])
     demo_dl = dl_env.Program(str(out / "colibri_demo_dl"),
                              [objs(dl_env, "colibri_demo_dl", str(src / "demo/colibri_demo_dl.c")), common],
-                             LIBS=["dl"])
+                             LIBS=["dl", "pthread"])
     blob = env.Command(str(out / "model.bin"), gen["model.bin"], COPY)
     manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], COPY)
     compile_db = objs.database(env, out / "compile_commands.json")
@@ -248,6 +248,8 @@ def build_all(arguments: dict) -> None:
                 _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
             from .firmware import firmware_outputs
 
+            # no threads on a microcontroller, and the stack bound must be static: no parallel hook
+            env.Append(CCFLAGS=["-DCOLIBRI_NO_PARALLEL"])
             outputs += firmware_outputs(env, t, name, gen, out)
             continue
         if t.kind != "linux":

@@ -47,6 +47,7 @@ int main(int argc, char **argv)
     LOOKUP(lib, "colibri_forward", api.forward, ok);
     LOOKUP(lib, "colibri_info", api.info, ok);
     LOOKUP(lib, "colibri_strerror", api.strerror, ok);
+    LOOKUP(lib, "colibri_set_parallel", api.set_parallel, ok);
     LOOKUP(lib, "colibri_model_blob", model_blob, ok);
     if (!ok)
         return demo_io_error(PROG, a.model, "not a colibri model library (a colibri_* entry point is missing)");

@@ -6,6 +6,10 @@
 
 #include <sys/mman.h>
 
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -15,7 +19,7 @@
 
 static void demo_usage(FILE *f, const char *prog, int want_model)
 {
-    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--print-logits]\n", prog,
+    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]\n", prog,
             want_model ? " MODEL.bin" : "");
 }
 
@@ -61,6 +65,7 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
     a->n_tokens = n_default < DEMO_MAX_TOKENS ? n_default : DEMO_MAX_TOKENS;
     memcpy(a->tokens, default_tokens, a->n_tokens * sizeof *a->tokens);
     a->generate = default_generate;
+    a->threads = 1;
     a->print_logits = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value = NULL, *end;
@@ -69,7 +74,8 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
                                                                            : strlen(arg);
         int is_tokens = name_len == 8 && strncmp(arg, "--tokens", 8) == 0;
         int is_generate = name_len == 10 && strncmp(arg, "--generate", 10) == 0;
-        if (is_tokens || is_generate) {
+        int is_threads = name_len == 9 && strncmp(arg, "--threads", 9) == 0;
+        if (is_tokens || is_generate || is_threads) {
             if (arg[name_len] == '=')
                 value = arg + name_len + 1;
             else if (i + 1 < argc)
@@ -88,6 +94,9 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
         } else if (is_generate) {
             if (!demo_long(value, &end, 0, LONG_MAX, &a->generate) || *end != '\0')
                 return demo_bad(prog, want_model, "--generate wants a count >= 0", value);
+        } else if (is_threads) {
+            if (!demo_long(value, &end, 1, DEMO_MAX_THREADS, &a->threads) || *end != '\0')
+                return demo_bad(prog, want_model, "--threads wants a count in [1, 64]", value);
         } else if (want_model && !a->model && arg[0] != '-') {
             a->model = arg;
         } else {
@@ -154,10 +163,12 @@ static double demo_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
-             size_t vocab, const char *prog, const char *name)
+static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits,
+                         float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
+    double t_prefill = demo_now();
     colibri_status st = api->forward(ctx, a->tokens, a->n_tokens, logits, vocab);
+    t_prefill = demo_now() - t_prefill;
     if (st != COLIBRI_OK)
         return demo_fail(api, prog, name, st);
     memcpy(prompt_logits, logits, vocab * sizeof *logits);
@@ -182,6 +193,7 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *l
         }
     }
     printf("\ntok/s: %.2f\n", seconds > 0.0 ? (double)steps / seconds : 0.0);
+    printf("prefill tok/s: %.2f\n", t_prefill > 0.0 ? (double)a->n_tokens / t_prefill : 0.0);
     if (a->print_logits) {
         printf("logits: ");
         for (size_t i = 0; i < vocab; i++)
@@ -189,4 +201,105 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *l
         printf("\n");
     }
     return 0;
+}
+
+/* ------------------------------------------------------- the thread pool */
+
+/* colibri_set_parallel's parallel_for over n - 1 pthreads and the calling thread. A job is
+ * published by bumping `generation`; every thread takes task indices from `next` until they run
+ * out, then checks in. The caller returns once every worker has checked in for this generation,
+ * so no worker can still hold the job (or take an index of the next one) afterwards. Workers spin
+ * (yielding) between jobs: a forward pass issues a few hundred jobs a token. */
+typedef struct demo_pool {
+    pthread_t threads[DEMO_MAX_THREADS];
+    size_t n_workers;
+    colibri_task_fn fn;
+    void *task_ctx;
+    size_t n_tasks;
+    atomic_size_t next;
+    atomic_size_t checked_in;
+    atomic_uint generation;
+    atomic_int stop;
+} demo_pool;
+
+static void demo_pool_work(demo_pool *p)
+{
+    for (size_t i; (i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n_tasks;)
+        p->fn(p->task_ctx, i);
+}
+
+static void *demo_pool_worker(void *arg)
+{
+    demo_pool *p = (demo_pool *)arg;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        for (unsigned spins = 0; (g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen; spins++) {
+            if (atomic_load_explicit(&p->stop, memory_order_relaxed))
+                return NULL;
+            if (spins > 1000)
+                sched_yield();
+        }
+        seen = g;
+        demo_pool_work(p);
+        atomic_fetch_add_explicit(&p->checked_in, 1, memory_order_release);
+    }
+}
+
+static void demo_parallel_for(colibri_task_fn fn, void *task_ctx, size_t n_tasks, void *user)
+{
+    demo_pool *p = (demo_pool *)user;
+    p->fn = fn;
+    p->task_ctx = task_ctx;
+    p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->checked_in, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    demo_pool_work(p);
+    while (atomic_load_explicit(&p->checked_in, memory_order_acquire) < p->n_workers)
+        ;
+}
+
+/* Starts threads - 1 workers; returns 0 when it could not. */
+static int demo_pool_start(demo_pool *p, size_t threads)
+{
+    atomic_init(&p->next, 0);
+    atomic_init(&p->checked_in, 0);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->stop, 0);
+    p->n_workers = 0;
+    for (size_t i = 0; i + 1 < threads; i++, p->n_workers++)
+        if (pthread_create(&p->threads[i], NULL, demo_pool_worker, p) != 0)
+            return 0;
+    return 1;
+}
+
+static void demo_pool_stop(demo_pool *p)
+{
+    atomic_store(&p->stop, 1);
+    for (size_t i = 0; i < p->n_workers; i++)
+        pthread_join(p->threads[i], NULL);
+}
+
+int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
+             size_t vocab, const char *prog, const char *name)
+{
+    static demo_pool pool;
+    if (a->threads > 1) {
+        colibri_status st;
+        if (!demo_pool_start(&pool, (size_t)a->threads)) {
+            demo_pool_stop(&pool);
+            return demo_io_error(prog, name, "cannot start the threads");
+        }
+        if ((st = api->set_parallel(ctx, demo_parallel_for, &pool, (size_t)a->threads)) != COLIBRI_OK) {
+            demo_pool_stop(&pool);
+            return demo_fail(api, prog, name, st);
+        }
+    }
+    int rc = demo_generate(api, ctx, a, logits, prompt_logits, vocab, prog, name);
+    if (a->threads > 1) {
+        api->set_parallel(ctx, NULL, NULL, 0);
+        demo_pool_stop(&pool);
+    }
+    return rc;
 }

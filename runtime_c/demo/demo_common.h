@@ -2,10 +2,13 @@
  * demo_common.h - the command line and output shared by colibri_run (generic
  * runtime, model file) and colibri_demo (embedded model):
  *
- *   [MODEL.bin] [--tokens 3,17,42] [--generate N] [--print-logits]
+ *   [MODEL.bin] [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]
  *
- * prints "tokens: a,b,c" (the generated ids), "tok/s: X" (decode rate) and,
- * with --print-logits, "logits: v0,v1,..." of the prompt's last position.
+ * prints "tokens: a,b,c" (the generated ids), "tok/s: X" (decode rate),
+ * "prefill tok/s: X" (the prompt's one forward) and, with --print-logits,
+ * "logits: v0,v1,..." of the prompt's last position. --threads N (default 1)
+ * runs the matrix products on N threads through colibri_set_parallel: a pool
+ * of N - 1 pthreads and the caller; the results are the same bit for bit.
  * Exit status: 0 ok, 1 I/O error, 2 usage error, 3 colibri error.
  */
 #ifndef DEMO_COMMON_H
@@ -26,15 +29,19 @@ typedef struct demo_api {
     colibri_status (*forward)(colibri_ctx *ctx, const int32_t *tokens, size_t n, float *logits, size_t len);
     colibri_status (*info)(const colibri_ctx *ctx, colibri_model_info *info);
     const char *(*strerror)(colibri_status status);
+    colibri_status (*set_parallel)(colibri_ctx *ctx, colibri_parallel_for_fn fn, void *user, size_t n_tasks);
 } demo_api;
 
-#define DEMO_LINKED_API {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror}
+#define DEMO_LINKED_API \
+    {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror, colibri_set_parallel}
+#define DEMO_MAX_THREADS 64
 
 typedef struct demo_args {
     const char *model; /* MODEL.bin, when the program takes one */
     size_t n_tokens;
     int32_t tokens[DEMO_MAX_TOKENS];
     long generate;
+    long threads;
     int print_logits;
 } demo_args;
 

@@ -81,6 +81,21 @@ COLIBRI_API colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size
 COLIBRI_API colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n_tokens,
                                            float *logits, size_t logits_len);
 
+/* The optional parallel hook. The runtime starts no threads; given a parallel_for it splits each
+ * large matrix product into n_tasks row ranges and calls
+ *     parallel_for(fn, task_ctx, n_tasks, user)
+ * which must call fn(task_ctx, i) exactly once for every i in [0, n_tasks), from any threads, in
+ * any order, and return only when all calls have returned. The tasks write disjoint outputs and
+ * compute every output as the single-threaded path does: results are bit-identical with and
+ * without the hook. parallel_for NULL or n_tasks < 2 removes the hook (the default after init).
+ * A build with -DCOLIBRI_NO_PARALLEL (the firmware targets: no threads, a static stack bound)
+ * refuses a hook with COLIBRI_E_ARG. */
+typedef void (*colibri_task_fn)(void *task_ctx, size_t i);
+typedef void (*colibri_parallel_for_fn)(colibri_task_fn fn, void *task_ctx, size_t n_tasks, void *user);
+
+COLIBRI_API colibri_status colibri_set_parallel(colibri_ctx *ctx, colibri_parallel_for_fn parallel_for, void *user,
+                                                size_t n_tasks);
+
 /* Empties the sequence (KV cache) without touching the blob. */
 COLIBRI_API colibri_status colibri_reset(colibri_ctx *ctx);
 

@@ -49,6 +49,8 @@
 #define CB_H_SHARED_FFN 200u
 #define CB_H_DENSE_FFN 204u
 #define CB_H_ROUTED_SCALE 208u
+#define CB_H_PREFILL_BLOCK 212u /* tokens per block of the arena plan; 0 (every older blob) means 1 */
+#define CB_MAX_BLOCK 32u
 #define CB_H_DENSE_MAP 216u /* 32 bytes: bit l % 8 of byte l / 8 set when layer l is a dense MLP */
 #define CB_DENSE_MAP_LAYERS 256u
 #define CB_MAX_TOP_K 16u
@@ -86,6 +88,7 @@ typedef struct cb_model {
     float rms_eps;
     uint32_t flags, shared_ffn, dense_ffn, n_buffers; /* format 1.1; 0, 0, 0, 11 for a 1.0 blob */
     float routed_scale;                               /* 1 unless CB_FLAG_ROUTED_SCALE */
+    uint32_t block;                                   /* prefill block: tokens the buffers hold, 1..CB_MAX_BLOCK */
 } cb_model;
 
 struct colibri_ctx {
@@ -96,6 +99,9 @@ struct colibri_ctx {
     uint64_t blob_bytes, arena_bytes;
     cb_model m;
     float *buf[CB_N_BUFFERS];
+    colibri_parallel_for_fn parallel_for; /* NULL: everything on the calling thread */
+    void *parallel_user;
+    size_t parallel_tasks;
 };
 _Static_assert(sizeof(struct colibri_ctx) <= CB_CTX_BYTES, "the context must fit the 256 bytes the plan leaves it");
 
@@ -188,18 +194,19 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
     return cb_add(layers, m->tied ? 3 : 4);
 }
 
-/* f32 elements of each arena buffer (FORMAT.md "Arena") */
+/* f32 elements of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold
+ * one row per token of a prefill block */
 static void cb_buffer_elems(const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
     uint64_t kv = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_mul(m->n_kv_heads, m->head_dim));
-    uint64_t qdim = (uint64_t)m->n_heads * m->head_dim;
+    uint64_t qdim = cb_mul(m->n_heads, m->head_dim), b = m->block;
     n[B_KEY] = n[B_VALUE] = kv;
-    n[B_X] = n[B_XB] = n[B_MOE] = m->hidden;
-    n[B_Q] = n[B_ATT] = qdim;
+    n[B_X] = n[B_XB] = n[B_MOE] = cb_mul(b, m->hidden);
+    n[B_Q] = n[B_ATT] = cb_mul(b, qdim);
     n[B_SCORES] = m->max_seq;
-    n[B_ROUTER] = m->n_experts;
-    n[B_GATE] = n[B_UP] = m->ffn;
-    n[B_XGATE] = n[B_XUP] = m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn;
+    n[B_ROUTER] = cb_mul(b, m->n_experts);
+    n[B_GATE] = n[B_UP] = cb_mul(b, m->ffn);
+    n[B_XGATE] = n[B_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
 }
 
 /* ------------------------------------------------------------ validation */
@@ -232,8 +239,12 @@ static colibri_status cb_check_features(const uint8_t *b, cb_model *m, uint32_t 
     for (uint32_t off = 96 + 8 * m->n_buffers; off < CB_H_SHARED_FFN; off++)
         if (b[off])
             return COLIBRI_E_BAD_HEADER;
-    if (rd32(b + 212) != 0 || rd64(b + 248) != 0)
+    if (rd64(b + 248) != 0)
         return COLIBRI_E_BAD_HEADER;
+    m->block = rd32(b + CB_H_PREFILL_BLOCK);
+    if (m->block > CB_MAX_BLOCK)
+        return COLIBRI_E_BAD_HEADER;
+    m->block += m->block == 0;
     uint32_t n_dense = 0;
     for (uint32_t l = 0; l < CB_DENSE_MAP_LAYERS; l++) {
         int bit = b[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1;
@@ -289,7 +300,8 @@ static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
     uint64_t elems[CB_N_BUFFERS];
     cb_buffer_elems(m, elems);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
-    if (cb_mul(elems[B_KEY], 4) >= SIZE_MAX || cb_mul(elems[B_Q], 4) >= SIZE_MAX || rd64(b + 88) >= SIZE_MAX)
+    if (cb_mul(elems[B_KEY], 4) >= SIZE_MAX || cb_mul(elems[B_Q], 4) >= SIZE_MAX || rd64(b + 88) >= SIZE_MAX
+        || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
         return COLIBRI_E_BAD_HEADER;
     if (rd32(b + 32) != CB_LAYOUT_ROWMAJOR16)
         return COLIBRI_E_LAYOUT;
@@ -469,10 +481,66 @@ static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n te
     return (const float *)(const void *)(c->blob + rd64(cb_entry(c->blob, i) + 32));
 }
 
-static void cb_mv(const colibri_ctx *c, size_t i, const float *x, float *y, float alpha, int accumulate)
+#ifndef COLIBRI_NO_PARALLEL
+/* One matmul as tasks of the caller's parallel_for: task i takes rows [i*rows/n, (i+1)*rows/n),
+ * rounded to whole 4-row blocks. cb_matmul computes every row the same way whatever its range,
+ * so the result does not depend on the split. */
+typedef struct cb_mm_job {
+    const cb_tensor *t;
+    size_t n, n_tasks;
+    const float *const *x;
+    float *const *y;
+    const float *alpha;
+    int accumulate;
+} cb_mm_job;
+
+static size_t cb_mm_row(const cb_mm_job *j, size_t i)
+{
+    size_t rows = j->t->rows;
+    return i >= j->n_tasks ? rows : (size_t)((uint64_t)rows * i / j->n_tasks) & ~(size_t)3;
+}
+
+static void cb_mm_task(void *job, size_t i)
+{
+    const cb_mm_job *j = (const cb_mm_job *)job;
+    size_t r0 = cb_mm_row(j, i), r1 = cb_mm_row(j, i + 1);
+    if (r0 < r1)
+        cb_matmul(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
+}
+
+#define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
+#endif
+
+/* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i */
+static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *x, float *const *y,
+                  const float *alpha, int accumulate)
 {
     cb_tensor t = cb_tensor_at(c, i);
-    cb_matvec(&t, x, y, alpha, accumulate);
+#ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
+    size_t tasks = c->parallel_tasks < t.rows / 4 ? c->parallel_tasks : t.rows / 4;
+    if (c->parallel_for && tasks > 1 && (uint64_t)t.rows * t.cols * n >= CB_PARALLEL_MIN_MACS) {
+        cb_mm_job job = {&t, n, tasks, x, y, alpha, accumulate};
+        c->parallel_for(cb_mm_task, &job, tasks, c->parallel_user);
+        return;
+    }
+#endif
+    cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
+}
+
+/* one token: y = (accumulate ? y : 0) + alpha * W x */
+static void cb_mv(const colibri_ctx *c, size_t i, const float *x, float *y, float alpha, int accumulate)
+{
+    cb_mm(c, i, 1, &x, &y, &alpha, accumulate);
+}
+
+#define CB_ONE4 1.0f, 1.0f, 1.0f, 1.0f
+static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4};
+
+/* The row pointers of a block's tokens in a buffer of rows of width w */
+static void cb_rows(float *buf, size_t w, size_t n, float **out)
+{
+    for (size_t j = 0; j < n; j++)
+        out[j] = buf + j * w;
 }
 
 static int cb_dense(const colibri_ctx *c, size_t l)
@@ -534,8 +602,8 @@ static void cb_rotary(float *q, size_t n_q, float *k, size_t n_k, size_t hd, con
     }
 }
 
-/* step 3: causal attention of position pos over the cached keys/values 0..pos */
-static void cb_attention(colibri_ctx *c, size_t l, size_t pos)
+/* step 3: causal attention of position pos (query q) over the cached keys/values 0..pos, into att */
+static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_all, float *att_all)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
@@ -544,8 +612,8 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos)
     const float scale = 1.0f / cb_sqrtf((float)hd);
     float *scores = c->buf[B_SCORES];
     for (size_t h = 0; h < n_heads; h++) {
-        const float *q = c->buf[B_Q] + h * hd;
-        float *att = c->buf[B_ATT] + h * hd;
+        const float *q = q_all + h * hd;
+        float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
         for (size_t t = 0; t <= pos; t++)
             scores[t] = cb_dot(q, keys + t * kvdim + kv, hd) * scale;
@@ -567,29 +635,31 @@ static int cb_chosen(const size_t *chosen, size_t n, size_t e)
     return 0;
 }
 
-/* out += alpha * down(silu(gate xb) * up xb): the MLP at table index i (gate, down, up) of width n */
-static void cb_mlp(const colibri_ctx *c, size_t i, const float *xb, float *gate, float *up, size_t n, float *out,
-                   float alpha)
+/* out[j] += alpha[j] * down(silu(gate xb[j]) * up xb[j]) for n tokens: the MLP at table index i
+ * (gate, down, up) of width w, its gate and up rows in the buffers gate and up */
+static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                   size_t w, float *const *out, const float *alpha)
 {
-    cb_mv(c, i + X_GATE, xb, gate, 1.0f, 0);
-    cb_mv(c, i + X_UP, xb, up, 1.0f, 0);
-    for (size_t j = 0; j < n; j++)
+    float *g[CB_MAX_BLOCK] = {NULL}, *u[CB_MAX_BLOCK] = {NULL};
+    cb_rows(gate, w, n, g);
+    cb_rows(up, w, n, u);
+    cb_mm(c, i + X_GATE, n, xb, g, cb_ones, 0);
+    cb_mm(c, i + X_UP, n, xb, u, cb_ones, 0);
+    for (size_t j = 0; j < n * w; j++)
         gate[j] = gate[j] / (1.0f + cb_expf(-gate[j])) * up[j]; /* silu(gate) * up */
-    cb_mv(c, i + X_DOWN, gate, out, alpha, 1);
+    cb_mm(c, i + X_DOWN, n, (const float *const *)g, out, alpha, 1);
 }
 
-/* steps 7-9: route xb to top_k experts and add their weighted sum (and the shared expert's output)
- * to x; `router` is the ROUTER's table index */
-static void cb_moe(colibri_ctx *c, size_t router)
+/* The routing of one token: its router logits in, and out the same row holding each chosen
+ * expert's weight and CB_NOT_CHOSEN for every other expert (never a weight: probabilities are
+ * >= 0 or NaN, routed_scale > 0). */
+#define CB_NOT_CHOSEN (-FLT_MAX)
+static void cb_route(const colibri_ctx *c, float *probs)
 {
-    const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c), dim = CB_HIDDEN(c), ffn = CB_FFN(c);
+    const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c);
     const uint32_t flags = CB_FLAGS(c);
-    float *probs = c->buf[B_ROUTER], *gate = c->buf[B_GATE], *up = c->buf[B_UP], *moe = c->buf[B_MOE];
-    const float *xb = c->buf[B_XB];
     size_t chosen[CB_MAX_TOP_K];
     float weight[CB_MAX_TOP_K], sum = 0.0f;
-
-    cb_mv(c, router, xb, probs, 1.0f, 0);
     cb_softmax(probs, n_exp);
     /* top_k by probability, ties to the lower index; NaNs still yield k distinct experts */
     for (size_t k = 0; k < top_k; k++) {
@@ -601,90 +671,141 @@ static void cb_moe(colibri_ctx *c, size_t router)
         weight[k] = probs[best];
         sum += weight[k]; /* summed in rank order, as torch sums the topk output */
     }
-    /* experts run in increasing index order, the order HF accumulates them in */
-    for (size_t k = 1; k < top_k; k++)
-        for (size_t j = k; j > 0 && chosen[j - 1] > chosen[j]; j--) {
-            size_t e = chosen[j];
-            float w = weight[j];
-            chosen[j] = chosen[j - 1];
-            weight[j] = weight[j - 1];
-            chosen[j - 1] = e;
-            weight[j - 1] = w;
-        }
-
-    memset(moe, 0, dim * sizeof *moe);
+    for (size_t e = 0; e < n_exp; e++)
+        probs[e] = CB_NOT_CHOSEN;
     for (size_t k = 0; k < top_k; k++) {
         float w = flags & CB_FLAG_TOPK_NO_NORM ? weight[k] : weight[k] / sum; /* HF norm_topk_prob */
         if (flags & CB_FLAG_ROUTED_SCALE)
             w *= c->m.routed_scale;
-        cb_mlp(c, router + 1 + 3 * chosen[k], xb, gate, up, ffn, moe, w);
+        probs[chosen[k]] = w;
+    }
+}
+
+/* steps 7-9 for the n tokens of a block: route each xb row to top_k experts and add their weighted
+ * sum (and the shared expert's output) to its x row; `router` is the ROUTER's table index. The
+ * tokens are grouped by expert, so each expert's weights are read once per block; each token still
+ * sees its experts in increasing index order, the order HF accumulates them in, so a token's result
+ * does not depend on the others in its block. */
+static void cb_moe(colibri_ctx *c, size_t router, size_t n)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), dim = CB_HIDDEN(c), ffn = CB_FFN(c);
+    const uint32_t flags = CB_FLAGS(c);
+    float *probs = c->buf[B_ROUTER], *moe = c->buf[B_MOE];
+    float *xb_rows[CB_MAX_BLOCK] = {0}, *moe_rows[CB_MAX_BLOCK] = {0}, *p_rows[CB_MAX_BLOCK] = {0};
+    const float *xs[CB_MAX_BLOCK] = {0};
+    float *ys[CB_MAX_BLOCK] = {0};
+    float alpha[CB_MAX_BLOCK] = {0};
+    cb_rows(c->buf[B_XB], dim, n, xb_rows);
+    cb_rows(moe, dim, n, moe_rows);
+    cb_rows(probs, n_exp, n, p_rows);
+    cb_mm(c, router, n, (const float *const *)xb_rows, p_rows, cb_ones, 0);
+    for (size_t j = 0; j < n; j++)
+        cb_route(c, p_rows[j]);
+
+    memset(moe, 0, n * dim * sizeof *moe);
+    for (size_t e = 0; e < n_exp; e++) {
+        size_t m = 0;
+        for (size_t j = 0; j < n; j++)
+            if (p_rows[j][e] != CB_NOT_CHOSEN) { /* NaN weights are chosen too, as in the one-token order */
+                xs[m] = xb_rows[j];
+                ys[m] = moe_rows[j];
+                alpha[m++] = p_rows[j][e];
+            }
+        if (m)
+            cb_mlp(c, router + 1 + 3 * e, m, xs, c->buf[B_GATE], c->buf[B_UP], ffn, ys, alpha);
     }
     size_t shared = router + 1 + 3 * n_exp;
-    float alpha = 1.0f;
+    for (size_t j = 0; j < n; j++)
+        alpha[j] = 1.0f;
     if (flags & CB_FLAG_SHARED_GATE) { /* Qwen2-MoE: sigmoid(shared_gate . xb) scales the shared expert */
-        alpha = 1.0f / (1.0f + cb_expf(-cb_dot(cb_vector(c, shared), xb, dim)));
+        for (size_t j = 0; j < n; j++)
+            alpha[j] = 1.0f / (1.0f + cb_expf(-cb_dot(cb_vector(c, shared), xb_rows[j], dim)));
         shared++;
     }
     if (flags & CB_FLAG_SHARED) /* added after the routed experts, as HF adds it to their sum */
-        cb_mlp(c, shared, xb, c->buf[B_XGATE], c->buf[B_XUP], CB_SHARED_FFN(c), moe, alpha);
+        cb_mlp(c, shared, n, (const float *const *)xb_rows, c->buf[B_XGATE], c->buf[B_XUP], CB_SHARED_FFN(c),
+               moe_rows, alpha);
     float *x = c->buf[B_X];
-    for (size_t i = 0; i < dim; i++)
+    for (size_t i = 0; i < n * dim; i++)
         x[i] += moe[i];
 }
 
-/* One token at position pos through every layer; leaves the residual in x. */
-static void cb_token(colibri_ctx *c, int32_t token, size_t pos)
+/* Step 1's additions to one token's q and k (biases, q/k norms) and step 2 (rotary at pos). */
+static void cb_qk(colibri_ctx *c, size_t base, float *q, float *k, float *v, size_t pos)
+{
+    const size_t hd = CB_HEAD_DIM(c), kvdim = CB_N_KV_HEADS(c) * hd;
+    const float eps = c->m.rms_eps;
+    const uint32_t flags = CB_FLAGS(c);
+    size_t slot = S_ATTN_EXTRA;
+    if (flags & CB_FLAG_QKV_BIAS) {                                        /* + biases (Qwen2-MoE) */
+        const float *bq = cb_vector(c, base + slot), *bk = cb_vector(c, base + slot + 1);
+        const float *bv = cb_vector(c, base + slot + 2);
+        for (size_t i = 0; i < CB_N_HEADS(c) * hd; i++)
+            q[i] += bq[i];
+        for (size_t i = 0; i < kvdim; i++) {
+            k[i] += bk[i];
+            v[i] += bv[i];
+        }
+        slot += 3;
+    }
+    if (flags & CB_FLAG_QK_NORM_FULL) {                                    /* OLMoE: q, k norms */
+        cb_rmsnorm(q, q, cb_vector(c, base + slot), CB_N_HEADS(c) * hd, eps);
+        cb_rmsnorm(k, k, cb_vector(c, base + slot + 1), kvdim, eps);
+    } else if (flags & CB_FLAG_QK_NORM_HEAD) {                             /* Qwen3: per head */
+        for (size_t h = 0; h < CB_N_HEADS(c); h++)
+            cb_rmsnorm(q + h * hd, q + h * hd, cb_vector(c, base + slot), hd, eps);
+        for (size_t h = 0; h < CB_N_KV_HEADS(c); h++)
+            cb_rmsnorm(k + h * hd, k + h * hd, cb_vector(c, base + slot + 1), hd, eps);
+    }
+    cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, 1), pos); /* 2 */
+}
+
+/* A block of n <= block tokens at positions pos.. through every layer, layer by layer (each step
+ * for all n tokens before the next), leaving the residuals in the rows of x. Every token goes
+ * through the same operations in the same order as it would alone: a prefill equals single steps. */
+static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos)
 {
     const size_t dim = CB_HIDDEN(c), hd = CB_HEAD_DIM(c), kvdim = CB_N_KV_HEADS(c) * hd;
+    const size_t qdim = CB_N_HEADS(c) * hd;
     const float eps = c->m.rms_eps;
-    float *x = c->buf[B_X], *xb = c->buf[B_XB];
     const uint32_t flags = CB_FLAGS(c);
+    float *x = c->buf[B_X], *xb = c->buf[B_XB], *q = c->buf[B_Q], *att = c->buf[B_ATT];
+    float *x_rows[CB_MAX_BLOCK] = {0}, *xb_rows[CB_MAX_BLOCK] = {0}, *q_rows[CB_MAX_BLOCK] = {0}, *att_rows[CB_MAX_BLOCK] = {0};
+    float *k_rows[CB_MAX_BLOCK] = {0}, *v_rows[CB_MAX_BLOCK] = {0};
+    cb_rows(x, dim, n, x_rows);
+    cb_rows(xb, dim, n, xb_rows);
+    cb_rows(q, qdim, n, q_rows);
+    cb_rows(att, qdim, n, att_rows);
     cb_tensor embed = cb_tensor_at(c, 0);
-    cb_dequant_row(&embed, (size_t)token, x);
+    for (size_t j = 0; j < n; j++)
+        cb_dequant_row(&embed, (size_t)tokens[j], x_rows[j]);
+    const float *const *xbc = (const float *const *)xb_rows;
     size_t base = 2; /* table index of the layer's ATTN_NORM */
     for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_size(c, l), l++) {
-        float *q = c->buf[B_Q];
-        size_t slot = S_ATTN_EXTRA;
-        float *k = c->buf[B_KEY] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
-        float *v = c->buf[B_VALUE] + (l * CB_MAX_SEQ(c) + pos) * kvdim;
-        cb_rmsnorm(xb, x, cb_vector(c, base + S_ATTN_NORM), dim, eps);         /* 0 */
-        cb_mv(c, base + S_WQ, xb, c->buf[B_Q], 1.0f, 0);                       /* 1: k, v straight */
-        cb_mv(c, base + S_WK, xb, k, 1.0f, 0);                                 /*    into the cache */
-        cb_mv(c, base + S_WV, xb, v, 1.0f, 0);
-        if (flags & CB_FLAG_QKV_BIAS) {                                        /*    + biases (Qwen2-MoE) */
-            const float *bq = cb_vector(c, base + slot), *bk = cb_vector(c, base + slot + 1);
-            const float *bv = cb_vector(c, base + slot + 2);
-            for (size_t i = 0; i < CB_N_HEADS(c) * hd; i++)
-                q[i] += bq[i];
-            for (size_t i = 0; i < kvdim; i++) {
-                k[i] += bk[i];
-                v[i] += bv[i];
-            }
-            slot += 3;
+        size_t ffn_norm = base + cb_attn_slots(flags);
+        cb_rows(c->buf[B_KEY] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, k_rows);
+        cb_rows(c->buf[B_VALUE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, v_rows);
+        for (size_t j = 0; j < n; j++)
+            cb_rmsnorm(xb_rows[j], x_rows[j], cb_vector(c, base + S_ATTN_NORM), dim, eps); /* 0 */
+        cb_mm(c, base + S_WQ, n, xbc, q_rows, cb_ones, 0);                    /* 1: k, v straight */
+        cb_mm(c, base + S_WK, n, xbc, k_rows, cb_ones, 0);                    /*    into the cache */
+        cb_mm(c, base + S_WV, n, xbc, v_rows, cb_ones, 0);
+        for (size_t j = 0; j < n; j++) {
+            cb_qk(c, base, q_rows[j], k_rows[j], v_rows[j], pos + j);         /* 1, 2 */
+            cb_attention(c, l, pos + j, q_rows[j], att_rows[j]);            /* 3 */
         }
-        if (flags & CB_FLAG_QK_NORM_FULL) {                                    /*    OLMoE: q, k norms */
-            cb_rmsnorm(q, q, cb_vector(c, base + slot), CB_N_HEADS(c) * hd, eps);
-            cb_rmsnorm(k, k, cb_vector(c, base + slot + 1), kvdim, eps);
-        } else if (flags & CB_FLAG_QK_NORM_HEAD) {                             /*    Qwen3: per head */
-            for (size_t h = 0; h < CB_N_HEADS(c); h++)
-                cb_rmsnorm(q + h * hd, q + h * hd, cb_vector(c, base + slot), hd, eps);
-            for (size_t h = 0; h < CB_N_KV_HEADS(c); h++)
-                cb_rmsnorm(k + h * hd, k + h * hd, cb_vector(c, base + slot + 1), hd, eps);
-        }
-        if (flags & CB_FLAG_QK_NORM)
-            slot += 2;
-        cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, 1), pos); /* 2 */
-        cb_attention(c, l, pos);                                               /* 3 */
-        cb_mv(c, base + S_WO, c->buf[B_ATT], x, 1.0f, 1);                      /* 4: x += Wo att */
-        cb_rmsnorm(xb, x, cb_vector(c, base + slot), dim, eps);                /* 6: FFN_NORM */
-        if (cb_dense(c, l)) {                                                  /* 8, 9: dense MLP */
-            float *out = c->buf[B_MOE];
-            memset(out, 0, dim * sizeof *out);
-            cb_mlp(c, base + slot + 1, xb, c->buf[B_XGATE], c->buf[B_XUP], CB_DENSE_FFN(c), out, 1.0f);
-            for (size_t i = 0; i < dim; i++)
+        cb_mm(c, base + S_WO, n, (const float *const *)att_rows, x_rows, cb_ones, 1); /* 4: x += Wo att */
+        for (size_t j = 0; j < n; j++)
+            cb_rmsnorm(xb_rows[j], x_rows[j], cb_vector(c, ffn_norm), dim, eps); /* 6: FFN_NORM */
+        if (cb_dense(c, l)) {                                              /* 8, 9: dense MLP */
+            float *out = c->buf[B_MOE], *out_rows[CB_MAX_BLOCK] = {0};
+            cb_rows(out, dim, n, out_rows);
+            memset(out, 0, n * dim * sizeof *out);
+            cb_mlp(c, ffn_norm + 1, n, xbc, c->buf[B_XGATE], c->buf[B_XUP], CB_DENSE_FFN(c), out_rows, cb_ones);
+            for (size_t i = 0; i < n * dim; i++)
                 x[i] += out[i];
         } else {
-            cb_moe(c, base + slot + 1);                                        /* 7, 8, 9 */
+            cb_moe(c, ffn_norm + 1, n);                                     /* 7, 8, 9 */
         }
     }
 }
@@ -757,13 +878,34 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n
         if (tokens[i] < 0 || (size_t)tokens[i] >= CB_VOCAB(ctx))
             return COLIBRI_E_TOKEN;
 
-    for (size_t i = 0; i < n_tokens; i++, ctx->n_past++)
-        cb_token(ctx, tokens[i], ctx->n_past);
-    if (logits) {
-        size_t final_norm = cb_final_norm(ctx);
-        cb_rmsnorm(ctx->buf[B_XB], ctx->buf[B_X], cb_vector(ctx, final_norm), CB_HIDDEN(ctx), ctx->m.rms_eps); /* 10 */
-        cb_mv(ctx, CB_TIED(ctx) ? 0 : final_norm + 1, ctx->buf[B_XB], logits, 1.0f, 0);                     /* 11 */
+    size_t n = 0; /* tokens in the last block */
+    for (size_t i = 0; i < n_tokens; i += n, ctx->n_past += (uint32_t)n) {
+        n = n_tokens - i < ctx->m.block ? n_tokens - i : ctx->m.block;
+        cb_block(ctx, tokens + i, n, ctx->n_past);
     }
+    if (logits) { /* the last token's row of the last block */
+        size_t final_norm = cb_final_norm(ctx), dim = CB_HIDDEN(ctx);
+        float *xb = ctx->buf[B_XB] + (n - 1) * dim;
+        cb_rmsnorm(xb, ctx->buf[B_X] + (n - 1) * dim, cb_vector(ctx, final_norm), dim, ctx->m.rms_eps); /* 10 */
+        cb_mv(ctx, CB_TIED(ctx) ? 0 : final_norm + 1, xb, logits, 1.0f, 0);                            /* 11 */
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_set_parallel(colibri_ctx *ctx, colibri_parallel_for_fn parallel_for, void *user,
+                                    size_t n_tasks)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+#ifdef COLIBRI_NO_PARALLEL
+    if (parallel_for && n_tasks > 1)
+        return COLIBRI_E_ARG;
+#endif
+    ctx->parallel_for = n_tasks > 1 ? parallel_for : NULL;
+    ctx->parallel_user = user;
+    ctx->parallel_tasks = n_tasks;
     return COLIBRI_OK;
 }
 

@@ -70,21 +70,62 @@ static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
     return dot;
 }
 
+/* The outlier walk: (k, idx) is the next outlier and its flat index. Outliers are sorted, so one
+ * pass serves all rows; cb_outl_seek starts a row range, cb_outl_add adds one row's corrections
+ * to one token's dot and returns where the next row's start. */
+typedef struct cb_outl {
+    size_t k;
+    uint64_t idx;
+} cb_outl;
+
+static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
+{
+    while (o.k < t->n_outliers && o.idx < row_end)
+        if (++o.k < t->n_outliers)
+            o.idx += t->ogap[o.k];
+    return o;
+}
+
+static cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat)
+{
+    cb_outl o = {0, t->n_outliers ? t->ogap[0] : 0};
+    return cb_outl_skip(t, o, flat);
+}
+
+static cb_outl cb_outl_add(const cb_tensor *t, cb_outl o, uint64_t row_start, const float *x, float *dot)
+{
+    float d = *dot;
+    while (o.k < t->n_outliers && o.idx < row_start + t->cols) {
+        d += cb_f16_to_f32(t->oval[o.k]) * x[o.idx - row_start];
+        if (++o.k < t->n_outliers)
+            o.idx += t->ogap[o.k];
+    }
+    *dot = d;
+    return o;
+}
+
+/* y_j[r] for one row r and token j from its dot without outliers; returns the walk past row r */
+static cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
+                         int accumulate)
+{
+    o = cb_outl_add(t, o, (uint64_t)r * t->cols, x, &dot);
+    float v = alpha * dot;
+    y[r] = accumulate ? y[r] + v : v;
+    return o;
+}
+
+void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+                      const float *alpha, int accumulate)
+{
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
+    for (size_t r = r0; r < r1; r++, o = next) /* rows outside, tokens inside: each row is read once */
+        for (size_t j = 0; j < n; j++)
+            next = cb_finish(t, o, r, x[j], cb_row_dot(t, r, x[j]), alpha[j], y[j], accumulate);
+}
+
 void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
 {
-    uint64_t row_start = 0; /* flat index of W[r][0]: a running sum, so no division per outlier */
-    size_t k = 0;           /* next outlier; sorted, so one pass over them serves all rows */
-    uint64_t idx = t->n_outliers ? t->ogap[0] : 0;
-    for (size_t r = 0; r < t->rows; r++, row_start += t->cols) {
-        float dot = cb_row_dot(t, r, x);
-        while (k < t->n_outliers && idx < row_start + t->cols) {
-            dot += cb_f16_to_f32(t->oval[k]) * x[idx - row_start];
-            if (++k < t->n_outliers)
-                idx += t->ogap[k];
-        }
-        float v = alpha * dot;
-        y[r] = accumulate ? y[r] + v : v;
-    }
+    cb_matmul_scalar(t, 0, t->rows, 1, &x, &y, &alpha, accumulate);
 }
 
 #if defined(CB_SIMD_NAME)
@@ -176,6 +217,57 @@ CB_INLINE float cb_dot1(const uint8_t *w, const float *x, size_t n, int dt)
     return s;
 }
 
+/* Two rows times two tokens: out[2i + j] = row i . x_j, each exactly as cb_dot1 computes it (the
+ * same a/b chains over the same vectors, the same reduction and tail); the weights are loaded and
+ * converted once for both tokens. */
+CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const float *x1, size_t n, int dt,
+                        float *out)
+{
+    const size_t vl = cb_vlen();
+    const uint8_t *w1 = w0 + stride;
+    cb_vf a00 = cb_vzero(vl), a01 = cb_vzero(vl), a10 = cb_vzero(vl), a11 = cb_vzero(vl);
+    cb_vf b00 = cb_vzero(vl), b01 = cb_vzero(vl), b10 = cb_vzero(vl), b11 = cb_vzero(vl);
+    size_t c = 0;
+    for (; c + 2 * vl <= n; c += 2 * vl) {
+        cb_vf u0 = cb_vweights(w0, c, dt, vl), u1 = cb_vweights(w1, c, dt, vl);
+        cb_vf xa = cb_vld_f32(x0 + c, vl), xb = cb_vld_f32(x1 + c, vl);
+        a00 = cb_vfma(a00, u0, xa, vl);
+        a10 = cb_vfma(a10, u1, xa, vl);
+        a01 = cb_vfma(a01, u0, xb, vl);
+        a11 = cb_vfma(a11, u1, xb, vl);
+        u0 = cb_vweights(w0, c + vl, dt, vl);
+        u1 = cb_vweights(w1, c + vl, dt, vl);
+        xa = cb_vld_f32(x0 + c + vl, vl);
+        xb = cb_vld_f32(x1 + c + vl, vl);
+        b00 = cb_vfma(b00, u0, xa, vl);
+        b10 = cb_vfma(b10, u1, xa, vl);
+        b01 = cb_vfma(b01, u0, xb, vl);
+        b11 = cb_vfma(b11, u1, xb, vl);
+    }
+    if (c + vl <= n) {
+        cb_vf u0 = cb_vweights(w0, c, dt, vl), u1 = cb_vweights(w1, c, dt, vl);
+        cb_vf xa = cb_vld_f32(x0 + c, vl), xb = cb_vld_f32(x1 + c, vl);
+        a00 = cb_vfma(a00, u0, xa, vl);
+        a10 = cb_vfma(a10, u1, xa, vl);
+        a01 = cb_vfma(a01, u0, xb, vl);
+        a11 = cb_vfma(a11, u1, xb, vl);
+        c += vl;
+    }
+    float s00 = cb_vsum(cb_vadd(a00, b00, vl), vl), s01 = cb_vsum(cb_vadd(a01, b01, vl), vl);
+    float s10 = cb_vsum(cb_vadd(a10, b10, vl), vl), s11 = cb_vsum(cb_vadd(a11, b11, vl), vl);
+    for (; c < n; c++) {
+        float u0 = cb_weight(w0, c, dt), u1 = cb_weight(w1, c, dt);
+        s00 += u0 * x0[c];
+        s01 += u0 * x1[c];
+        s10 += u1 * x0[c];
+        s11 += u1 * x1[c];
+    }
+    out[0] = s00;
+    out[1] = s01;
+    out[2] = s10;
+    out[3] = s11;
+}
+
 /* out[0, nr) (nr = 4 or 1): the row dots over columns [0, n) of w, one copy per weight type */
 static void cb_dot_rows(const uint8_t *w, size_t stride, const float *x, size_t n, int dt, size_t nr, float *out)
 {
@@ -211,26 +303,69 @@ static void cb_rows_dot(const cb_tensor *t, size_t r, size_t nr, const float *x,
     }
 }
 
+/* dot[2i + j] = cb_row_dot(t, r + i, x_j) for i < 2, j < 2, up to summation order, as cb_rows_dot */
+static void cb_rows_dot22(const cb_tensor *t, size_t r, const float *x0, const float *x1, float *dot)
+{
+    const uint8_t *row = t->data + r * t->row_stride;
+    if (t->dtype == CB_F32 || t->dtype == CB_F16) {
+        if (t->dtype == CB_F16)
+            cb_dot22(row, t->row_stride, x0, x1, t->cols, CB_F16, dot);
+        else
+            cb_dot22(row, t->row_stride, x0, x1, t->cols, CB_F32, dot);
+        return;
+    }
+    float part[4];
+    for (size_t i = 0; i < 4; i++)
+        dot[i] = 0.0f;
+    for (size_t g = 0, c = 0; g < t->n_groups; g++, c += t->group_size) {
+        size_t n = t->cols - c < t->group_size ? t->cols - c : t->group_size;
+        cb_dot22(row + c, t->row_stride, x0 + c, x1 + c, n, CB_I8, part);
+        for (size_t i = 0; i < 4; i++)
+            dot[i] += cb_scale(t, r + i / 2, g) * part[i];
+    }
+}
+
+/* Rows are taken 4 at a time for one token (four rows share each load of x), 2 at a time for
+ * several (2 rows x 2 tokens share each weight and each x load), the rest one by one; every
+ * (row, token) dot comes out the same in each of these, so neither n nor [r0, r1) changes a bit. */
+void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+               const float *alpha, int accumulate)
+{
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
+    float dot[4];
+    for (size_t r = r0, nr; r < r1; r += nr) {
+        size_t block = n == 1 ? 4 : 2;
+        nr = r1 - r >= block ? block : 1;
+        cb_outl start[4]; /* the outlier walk at each of the nr rows */
+        start[0] = o;
+        for (size_t i = 1; i < nr; i++)
+            start[i] = cb_outl_skip(t, start[i - 1], (uint64_t)(r + i) * t->cols);
+        size_t j = 0;
+        if (nr == 2)
+            for (; j + 2 <= n; j += 2) {
+                cb_rows_dot22(t, r, x[j], x[j + 1], dot);
+                for (size_t i = 0; i < 2; i++)
+                    for (size_t k = 0; k < 2; k++)
+                        next = cb_finish(t, start[i], r + i, x[j + k], dot[2 * i + k], alpha[j + k], y[j + k],
+                                         accumulate);
+            }
+        for (; j < n; j++) {
+            if (nr == 4) {
+                cb_rows_dot(t, r, 4, x[j], dot);
+            } else {
+                for (size_t i = 0; i < nr; i++)
+                    cb_rows_dot(t, r + i, 1, x[j], dot + i);
+            }
+            for (size_t i = 0; i < nr; i++)
+                next = cb_finish(t, start[i], r + i, x[j], dot[i], alpha[j], y[j], accumulate);
+        }
+        o = next;
+    }
+}
+
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
 {
-    uint64_t row_start = 0; /* as in cb_matvec_scalar */
-    size_t k = 0;
-    uint64_t idx = t->n_outliers ? t->ogap[0] : 0;
-    float dot[4];
-    for (size_t r0 = 0, nr; r0 < t->rows; r0 += nr) {
-        nr = t->rows - r0 >= 4 ? 4 : 1; /* the last rows % 4 one at a time */
-        cb_rows_dot(t, r0, nr, x, dot);
-        for (size_t i = 0; i < nr; i++, row_start += t->cols) {
-            float d = dot[i];
-            while (k < t->n_outliers && idx < row_start + t->cols) {
-                d += cb_f16_to_f32(t->oval[k]) * x[idx - row_start];
-                if (++k < t->n_outliers)
-                    idx += t->ogap[k];
-            }
-            float v = alpha * d;
-            y[r0 + i] = accumulate ? y[r0 + i] + v : v;
-        }
-    }
+    cb_matmul(t, 0, t->rows, 1, &x, &y, &alpha, accumulate);
 }
 
 const char *cb_kernels_isa(void)
@@ -239,6 +374,12 @@ const char *cb_kernels_isa(void)
 }
 
 #else /* no SIMD path for this target */
+
+void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+               const float *alpha, int accumulate)
+{
+    cb_matmul_scalar(t, r0, r1, n, x, y, alpha, accumulate);
+}
 
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
 {

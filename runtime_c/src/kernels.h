@@ -38,6 +38,17 @@ void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int ac
 /* The scalar reference of cb_matvec, for tests and for targets without a SIMD path. */
 void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);
 
+/* Several tokens at once, over the rows [r0, r1): for j < n and r0 <= r < r1,
+ *   y[j][r] = (accumulate ? y[j][r] : 0) + alpha[j] * (W x[j])[r].
+ * Each (token, row) result is computed with exactly the operations, in exactly the order, that
+ * cb_matvec (cb_matmul_scalar: cb_matvec_scalar) uses for that row: it is bit-identical to n
+ * cb_matvec calls, whatever n and however the rows are split into ranges. The weights are read
+ * once for all n tokens. No x[j] may overlap any y[k]. */
+void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+               const float *alpha, int accumulate);
+void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+                      const float *alpha, int accumulate);
+
 /* The path cb_matvec takes: "scalar", "avx512", "avx2", "neon", "rvv". */
 const char *cb_kernels_isa(void);
 

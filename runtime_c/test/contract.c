@@ -279,6 +279,15 @@ static void same_answer(colibri_ctx *c, const model *m, const float *want, float
     CHECK(info.n_past == 3, "after %s n_past is %u, want 3", after, info.n_past);
 }
 
+/* A parallel_for on the calling thread that runs the tasks last to first: the order tasks run
+ * in must not change a bit. *user counts the tasks run. */
+static void reverse_for(colibri_task_fn fn, void *task_ctx, size_t n_tasks, void *user)
+{
+    for (size_t i = n_tasks; i-- > 0;)
+        fn(task_ctx, i);
+    *(size_t *)user += n_tasks;
+}
+
 static int cmd_misuse(const model *m)
 {
     const size_t V = m->vocab;
@@ -359,6 +368,18 @@ static int cmd_misuse(const model *m)
     same_answer(c, m, want, logits, "every refused call");
     printf("ok 0 tokens, NULL tokens, short logits, SIZE_MAX / max_seq+1 tokens, 5 bad tokens: refused, "
            "context unchanged\n");
+
+    /* the parallel hook: NULL context refused; tasks in any order give the same bits */
+    size_t n_tasks_run = 0;
+    EXPECT(colibri_set_parallel(NULL, reverse_for, &n_tasks_run, 3), COLIBRI_E_NULL, "set_parallel(NULL ctx)");
+    for (size_t tasks = 2; tasks <= 7; tasks += 5) {
+        EXPECT(colibri_set_parallel(c, reverse_for, &n_tasks_run, tasks), COLIBRI_OK, "set_parallel");
+        same_answer(c, m, want, logits, "a parallel hook running its tasks last to first");
+    }
+    EXPECT(colibri_set_parallel(c, NULL, NULL, 0), COLIBRI_OK, "set_parallel(NULL) removes the hook");
+    same_answer(c, m, want, logits, "removing the parallel hook");
+    printf("ok parallel hook (2 and 7 tasks, run last to first; %zu tasks): same bits as without it\n",
+           n_tasks_run);
 
     /* max_seq exceeded, step by step */
     EXPECT(colibri_reset(c), COLIBRI_OK, "reset");

@@ -11,7 +11,8 @@
  * and, with a one-hot x (every product exact), bit-equal outputs, which
  * pins the f16 and int8 conversions (subnormal, largest, signed-zero f16).
  * x is followed by NaNs and y by sentinels: a kernel that reads x beyond
- * cols or writes y beyond rows fails. Built with -fsanitize=address the
+ * cols or writes y beyond rows fails. cb_matmul (several tokens, a split row range) must
+ * equal cb_matvec per token bit for bit, as must cb_matmul_scalar cb_matvec_scalar. Built with -fsanitize=address the
  * buffers are exact-size heap blocks instead, so an over-read traps.
  *
  * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
@@ -176,6 +177,46 @@ static double magnitude(const cb_tensor *t, size_t r, const float *x)
     return s;
 }
 
+/* cb_matmul over n tokens and a row range split in two against n cb_matvec calls (and the scalar
+ * pair alike): bit-equal, whatever n and the split; y beyond rows untouched. Returns 0 when equal. */
+static int check_matmul(const cb_tensor *t, rng *r)
+{
+    enum { MAX_N = 5 };
+    size_t n = 1 + next(r) % MAX_N, rows = t->rows, cols = t->cols, split = next(r) % (rows + 1);
+    size_t xs = EXACT_BUFFERS ? cols : cols + SLACK, ys = EXACT_BUFFERS ? rows : rows + SLACK;
+    float *x[MAX_N], *y[4][MAX_N], alpha[MAX_N];
+    int accumulate = next(r) % 2, bad = 0;
+    for (size_t j = 0; j < n; j++) {
+        x[j] = malloc(xs * sizeof(float));
+        for (size_t c = 0; c < xs; c++)
+            x[j][c] = c >= cols ? NAN : uniform(r) * 3.0f;
+        alpha[j] = uniform(r) * 2.0f;
+        for (int v = 0; v < 4; v++)
+            y[v][j] = malloc(ys * sizeof(float));
+        for (size_t i = 0; i < ys; i++)
+            y[0][j][i] = y[1][j][i] = y[2][j][i] = y[3][j][i] = i < rows ? uniform(r) : SENTINEL;
+    }
+    const float *const *xc = (const float *const *)x;
+    cb_matmul(t, 0, split, n, xc, y[0], alpha, accumulate);
+    cb_matmul(t, split, rows, n, xc, y[0], alpha, accumulate);
+    cb_matmul_scalar(t, 0, split, n, xc, y[2], alpha, accumulate);
+    cb_matmul_scalar(t, split, rows, n, xc, y[2], alpha, accumulate);
+    for (size_t j = 0; j < n; j++) {
+        cb_matvec(t, x[j], y[1][j], alpha[j], accumulate);
+        cb_matvec_scalar(t, x[j], y[3][j], alpha[j], accumulate);
+        if (memcmp(y[0][j], y[1][j], ys * sizeof(float)) || memcmp(y[2][j], y[3][j], ys * sizeof(float)))
+            bad = 1;
+    }
+    if (bad)
+        printf("FAIL matmul rows=%zu cols=%zu n=%zu split=%zu: differs from cb_matvec\n", rows, cols, n, split);
+    for (size_t j = 0; j < n; j++) {
+        free(x[j]);
+        for (int v = 0; v < 4; v++)
+            free(y[v][j]);
+    }
+    return bad;
+}
+
 int main(void)
 {
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
@@ -230,6 +271,8 @@ int main(void)
                                 return 1;
                             }
                         }
+                        if (check_matmul(&m.t, &r))
+                            return 1;
                         outputs += rows;
                         cases++;
                         free(x);
