@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
 from . import __version__
 from .blob import BlobWriter, feature_flags, format_version
+from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
 from .plan import plan_arena
-from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor, quantize, relative_error
-from .reference import Reference, rope_inv_freq
-from .spec import ModelSpec, canonical_names
+from .progress import tensor_progress
+from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
+from .reference import Reference, WeightSource, rope_inv_freq
+from .spec import ModelSpec, canonical_names, canonical_shape
+from .stream import pool_workers, quantize_all
 
 DEFAULT_MAX_SEQ_CAP = 256
-PREDICT_MAX_PARAMS = 80_000_000  # above this the probe would hold two model copies in RAM
+PREDICT_MAX_PARAMS = 80_000_000  # above this the probe (which re-reads weights as it goes) takes too long
+PROBE_CACHE_BYTES = 48 << 20  # per side: the probe reads weights when used and keeps at most this many
 PROBE_SEQS, PROBE_LEN = 3, 12
 PREDICT_MARGIN = 2.0
 SOURCE_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
@@ -46,6 +53,7 @@ class ExportOptions:
     generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
+    workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
 
 
 @dataclass
@@ -57,12 +65,6 @@ class ExportResult:
 
 def default_max_seq(spec: ModelSpec) -> int:
     return max(1, min(spec.max_position, DEFAULT_MAX_SEQ_CAP))
-
-
-def _tensor_quant(name: str, quant: str) -> str:
-    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate")):
-        return "f32"
-    return quant
 
 
 def _demo_defaults(ckpt_dir: Path) -> dict:
@@ -100,12 +102,14 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     return max_seq, prompt, generate
 
 
-def predict_logit_error(spec: ModelSpec, exact: dict, approx: dict, max_seq: int) -> dict:
+def predict_logit_error(spec: ModelSpec, exact: dict | WeightSource, approx: dict | WeightSource, max_seq: int,
+                        cache_bytes: int | None = None) -> dict:
     """Run the reference with the source and the dequantized weights on fixed probe
-    sequences; the prediction is PREDICT_MARGIN times the worst relative deviation."""
+    sequences; the prediction is PREDICT_MARGIN times the worst relative deviation.
+    With `cache_bytes` each side reads its weights when used and keeps at most that many bytes of them."""
     rng = np.random.default_rng(0)
-    ref_a = Reference(spec, exact, max_seq=max_seq)
-    ref_b = Reference(spec, approx, max_seq=max_seq)
+    ref_a = Reference(spec, exact, max_seq=max_seq, cache_bytes=cache_bytes)
+    ref_b = Reference(spec, approx, max_seq=max_seq, cache_bytes=cache_bytes)
     worst = 0.0
     n = min(PROBE_LEN, max_seq)
     for _ in range(PROBE_SEQS):
@@ -124,13 +128,31 @@ def predict_logit_error(spec: ModelSpec, exact: dict, approx: dict, max_seq: int
     }
 
 
+def _source_bytes(source: Any, spec: ModelSpec, names: list[str]) -> dict[str, int]:
+    return {n: math.prod(canonical_shape(spec, n)) * SOURCE_ITEMSIZE.get(source.source_dtypes.get(n, "F32"), 4)
+            for n in names}
+
+
+def _probe(spec: ModelSpec, source: Any, f: Any, order: list[str], max_seq: int) -> dict:
+    """The logit-error probe against the blob just written: dequantized weights decoded from it (mmap),
+    source weights re-read from the checkpoint, both only when used."""
+    f.flush()
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return predict_logit_error(spec, source, BlobWeights(buf, order, spec), max_seq, PROBE_CACHE_BYTES)
+
+
 def export(
     ckpt_dir: str | Path,
     out_dir: str | Path,
     opts: ExportOptions | None = None,
     report: Callable[[str], None] = lambda line: None,
+    terminal: TextIO | None = None,
 ) -> ExportResult:
-    """Export a checkpoint into out_dir, all or nothing. Raises ExportError on bad input."""
+    """Export a checkpoint into out_dir, all or nothing. Raises ExportError on bad input.
+
+    Tensors are read, quantized and written one at a time (in a process pool for larger models), so
+    memory stays bounded whatever the model size. Each tensor's line goes to `report`, unless
+    `terminal` is a TTY: then one progress line is redrawn on it instead."""
     opts = opts or ExportOptions()
     t0 = time.perf_counter()
     ckpt = open_checkpoint(ckpt_dir)
@@ -146,40 +168,30 @@ def export(
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
-    exact: dict[str, np.ndarray] = {}
-    approx: dict[str, np.ndarray] = {}
+    src_sizes = _source_bytes(source, spec, names)
+    src_bytes = sum(src_sizes.values())
+    workers = pool_workers(spec.param_count(), opts.workers)
     rows: list[dict] = []
-    src_bytes = 0
+    sq_err = sq_norm = 0.0
+    progress = tensor_progress(report, terminal, len(names), src_bytes)
     with staged_dir(Path(out_dir)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order))
-            for tname in order:
-                if tname == "rope_freq":
-                    writer.add(tname, QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
-                    continue
-                w = source.get(tname)
-                src_bytes += w.size * SOURCE_ITEMSIZE.get(source.source_dtypes.get(tname, "F32"), 4)
-                tq = _tensor_quant(tname, opts.quant)
-                qt = quantize(w, tq, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
-                w_hat = qt.dequantize().reshape(w.shape)
-                row = {
-                    "name": tname, "quant": tq, "shape": list(w.shape),
-                    "bits_per_weight": round(qt.bits_per_weight(), 4),
-                    "rel_error": relative_error(w, w_hat), "n_outliers": qt.n_outliers,
-                }
-                if tq in ("int8", "int8c"):  # the other int8 flavour, for comparison
-                    other = "int8" if tq == "int8c" else "int8c"
-                    alt = quantize(w, other, group_size=opts.group_size, outlier_frac=opts.outlier_frac)
-                    row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
-                writer.add(tname, qt)
-                row["offset"] = writer.records[-1].offset
-                row["bytes"] = writer.records[-1].nbytes
-                row["payload_bits"] = qt.payload_bits()
-                rows.append(row)
-                report(_tensor_line(row))
-                if keep:
-                    exact[tname], approx[tname] = w, w_hat
+            try:
+                for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
+                    writer.add(q.name, q.qt)
+                    row = {**q.row, "offset": writer.records[-1].offset, "bytes": writer.records[-1].nbytes,
+                           "payload_bits": q.qt.payload_bits()}
+                    rows.append(row)
+                    sq_err += (row["rel_error"] ** 2) * q.norm2
+                    sq_norm += q.norm2
+                    progress.tensor_done(_tensor_line(row), src_sizes[q.name])
+                    if q.name == names[0]:
+                        writer.add("rope_freq", QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
+            finally:
+                progress.close()
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
+            prediction = _probe(spec, source, f, order, max_seq) if keep else None
         if pruning is not None:
             pruning["flash_saved_bytes"] = _pruned_bytes(ckpt.spec, spec, rows)
             report(f"pruned {pruning['n_experts']['before'] - spec.n_experts} of {ckpt.spec.n_experts} experts per "
@@ -188,10 +200,6 @@ def export(
                    f"agreement {pruning['accuracy']['argmax_agreement']:.1%}")
         n_weights = sum(int(np.prod(r["shape"])) for r in rows)
         total_bits = sum(r["payload_bits"] for r in rows)
-        sq_err = sum((r["rel_error"] ** 2) * float(np.sum(exact[r["name"]].astype(np.float64) ** 2))
-                     for r in rows) if keep else None
-        sq_norm = sum(float(np.sum(exact[r["name"]].astype(np.float64) ** 2)) for r in rows) if keep else None
-        prediction = predict_logit_error(spec, exact, approx, max_seq) if keep else None
         export_s = time.perf_counter() - t0
         manifest = {
             "generator": f"colibri {__version__}",
@@ -206,7 +214,7 @@ def export(
             "totals": {
                 "weights": n_weights,
                 "bits_per_weight": total_bits / n_weights,
-                "rel_error": (sq_err / sq_norm) ** 0.5 if keep and sq_norm else None,
+                "rel_error": (sq_err / sq_norm) ** 0.5 if sq_norm else None,
             },
             "predicted_logit_error": prediction,
             "predict_requested": opts.predict,

@@ -19,6 +19,11 @@ F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
 F16_MAX = float(np.finfo(np.float16).max)
 OUTLIER_BITS = 16 + 16  # u16 gap to the previous flat index + f16 value
 MAX_GAP = 0xFFFF
+# From this many weights on, error sums and outlier selection go by row chunks, keeping temporaries to a
+# few bytes a weight (an embedding of 65M weights would otherwise need over 1.5 GB). Smaller tensors keep
+# the whole-array computation, so their exports stay byte for byte what they were.
+LEAN_MIN_WEIGHTS = 4_000_000
+CHUNK_WEIGHTS = 1 << 20
 
 
 @dataclass
@@ -81,8 +86,26 @@ def encode_outliers(oidx: np.ndarray, oval: np.ndarray) -> tuple[np.ndarray, np.
     return np.array(out_gaps, dtype="<u2"), np.array(out_vals, dtype="<f2")
 
 
+def _row_chunks(rows: int, cols: int) -> list[slice]:
+    step = max(1, CHUNK_WEIGHTS // max(cols, 1))
+    return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def sum_squares(w: np.ndarray) -> float:
+    """sum(W^2) in float64."""
+    if w.size < LEAN_MIN_WEIGHTS:
+        return float(np.sum(w.astype(np.float64) ** 2))
+    w2 = w.reshape(-1, w.shape[-1])
+    return sum(float(np.sum(np.square(w2[c].astype(np.float64)))) for c in _row_chunks(*w2.shape))
+
+
 def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:
     """||W - W_hat|| / ||W||, accumulated in float64 (ufunc sums: no BLAS call per tensor)."""
+    if w.size >= LEAN_MIN_WEIGHTS:
+        w2, h2 = w.reshape(-1, w.shape[-1]), w_hat.reshape(-1, w.shape[-1])
+        norm2 = sum_squares(w2)
+        err2 = sum(float(np.sum(np.square(w2[c].astype(np.float64) - h2[c]))) for c in _row_chunks(*w2.shape))
+        return float(np.sqrt(err2 / norm2)) if norm2 else 0.0
     w64 = w.astype(np.float64)
     norm2 = float(np.sum(np.square(w64)))
     return float(np.sqrt(np.sum(np.square(w64 - w_hat)) / norm2)) if norm2 else 0.0
@@ -102,7 +125,8 @@ def quantize(
         raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
     g = cols if group_size <= 0 or group_size >= cols else group_size
     n_out = int(outlier_frac * rows * cols) if quant == "int8c" else 0
-    mask = _outlier_mask(w2, g, n_out) if n_out else None
+    select = _outlier_mask_lean if w2.size >= LEAN_MIN_WEIGHTS else _outlier_mask
+    mask = select(w2, g, n_out) if n_out else None
     scales = _group_scales(w2, g, mask)
     s_full = np.repeat(scales.astype(np.float32), g, axis=1)[:, :cols]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -138,6 +162,40 @@ def _outlier_mask(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
     mask = np.zeros(w.size, dtype=bool)
     mask[top] = True
     return mask.reshape(w.shape)
+
+
+def _group_rms(mag: np.ndarray, g: int) -> np.ndarray:
+    groups = _padded_groups(mag, g, np.nan)
+    rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
+    return np.where(rms > 0, rms, 1.0)
+
+
+def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
+    """_outlier_mask by row chunks, in about 9 bytes a weight: the same scores, the n_out-th largest
+    found by an in-place partition; of the entries tied with it, those first in memory order are taken."""
+    rows, cols = w.shape
+    chunks = _row_chunks(rows, cols)
+    rms = np.concatenate([_group_rms(np.abs(w[c]), g) for c in chunks])
+
+    def score(c: slice) -> np.ndarray:
+        groups = _padded_groups(np.abs(w[c]), g, np.nan)
+        return (groups / rms[c]).reshape(c.stop - c.start, -1)[:, :cols]
+
+    neg = np.empty(w.size, dtype=np.float64)
+    for c in chunks:
+        np.negative(score(c), out=neg[c.start * cols: c.stop * cols].reshape(-1, cols))
+    neg.partition(n_out - 1)
+    threshold = -neg[n_out - 1]
+    del neg
+    mask = np.zeros(w.shape, dtype=bool)
+    ties = []
+    for c in chunks:
+        sc = score(c)
+        mask[c] = sc > threshold
+        ties.append(np.flatnonzero(sc == threshold) + c.start * cols)
+    n_ties = n_out - int(np.count_nonzero(mask))
+    mask.reshape(-1)[np.concatenate(ties)[:n_ties]] = True
+    return mask
 
 
 def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:

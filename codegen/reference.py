@@ -8,6 +8,7 @@ Prefill is computed token by token, which makes a prefill of n tokens identical 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -79,30 +80,64 @@ def route(logits: np.ndarray, top_k: int, normalize: bool = True,
     return chosen[order], weights[order].astype(F32)
 
 
+def _as_f32(weights: Mapping[str, np.ndarray] | WeightSource, name: str) -> np.ndarray:
+    t = weights.get(name)
+    if t is None:
+        raise KeyError(f"weights: missing tensor {name}")
+    return np.ascontiguousarray(t, dtype=F32)
+
+
+class LazyWeights:
+    """Canonical name -> float32 array, fetched from a WeightSource when used. The most recently used
+    arrays are kept while they fit in `cache_bytes`, so memory stays bounded whatever the model size."""
+
+    def __init__(self, source: Mapping[str, np.ndarray] | WeightSource, cache_bytes: int) -> None:
+        self.source = source
+        self.cache_bytes = cache_bytes
+        self.fetches = 0
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._held = 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._cache:
+            self._cache.move_to_end(name)
+            return self._cache[name]
+        arr = _as_f32(self.source, name)
+        self.fetches += 1
+        self._cache[name] = arr
+        self._held += arr.nbytes
+        while self._held > self.cache_bytes and self._cache:
+            self._held -= self._cache.popitem(last=False)[1].nbytes
+        return arr
+
+
 class Reference:
     """Greedy-decodable Mixtral in numpy float32 with a KV cache of `max_seq` positions.
 
-    `weights` is a mapping of canonical names to arrays, or anything with `get(name)` (a Checkpoint);
-    all tensors are read once, as float32, at construction.
+    `weights` is a mapping of canonical names to arrays, or anything with `get(name)` (a Checkpoint).
+    By default all tensors are read once, as float32, at construction; with `cache_bytes` they are read
+    when used and at most about that many bytes of them are kept (same numbers, bounded memory).
     """
 
     def __init__(self, spec: ModelSpec, weights: Mapping[str, np.ndarray] | WeightSource,
-                 max_seq: int | None = None) -> None:
+                 max_seq: int | None = None, cache_bytes: int | None = None) -> None:
         self.spec = spec
         self.max_seq = spec.max_position if max_seq is None else int(max_seq)
         if self.max_seq <= 0:
             raise ValueError(f"max_seq must be positive, got {self.max_seq}")
-        self.w: dict[str, np.ndarray] = {}
-        for name in canonical_names(spec):
-            t = weights.get(name)
-            if t is None:
-                raise KeyError(f"weights: missing tensor {name}")
-            self.w[name] = np.ascontiguousarray(t, dtype=F32)
-        self.lm_head = self.w["embed"] if spec.tied else self.w["lm_head"]
+        self.w: Mapping[str, np.ndarray] | LazyWeights
+        if cache_bytes is None:
+            self.w = {name: _as_f32(weights, name) for name in canonical_names(spec)}
+        else:
+            self.w = LazyWeights(weights, cache_bytes)
         self.inv_freq = rope_inv_freq(spec)
         self.routing: list[np.ndarray] = []  # experts chosen in each layer for the last token
         self.router_probs: dict[int, np.ndarray] = {}  # MoE layer -> softmax of its router, last token
         self.reset()
+
+    @property
+    def lm_head(self) -> np.ndarray:
+        return self.w["embed"] if self.spec.tied else self.w["lm_head"]
 
     def reset(self) -> None:
         """Forget the sequence: the next token is at position 0."""

@@ -38,7 +38,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
     )
-    res = export(a.ckpt, a.out, opts, report=print)
+    res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
     return 0
 

@@ -1,0 +1,50 @@
+"""Dequantized weights read back from a written model.bin: the float32 matrices the C kernels compute with.
+
+The exporter's error probe reads the approximate weights from here, one tensor at a time, instead of
+keeping a dequantized copy of the model in memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .blob import DTYPES, ELEM_BYTES, HEADER_FIXED, TABLE_ENTRY
+from .spec import ModelSpec, canonical_shape
+
+_NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1")}
+_SCALE_DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class BlobWeights:
+    """`get(name)` decodes one tensor of a blob (bytes, or an mmap of model.bin) as a new float32 array,
+    in its canonical shape; `names` are the tensors in table order (the order they were written)."""
+
+    def __init__(self, buf: bytes | memoryview, names: list[str], spec: ModelSpec) -> None:
+        self.buf = buf
+        self.spec = spec
+        self.entries = {name: TABLE_ENTRY.unpack_from(buf, HEADER_FIXED + i * TABLE_ENTRY.size)
+                        for i, name in enumerate(names)}
+
+    def get(self, name: str) -> np.ndarray | None:
+        if name not in self.entries:
+            return None
+        (_, _, _, dtype_code, scale_code, rows, cols, stride, group, n_out, _,
+         data_off, scale_off, oidx_off, oval_off) = self.entries[name]
+        dtype = _DTYPE_NAMES[dtype_code]
+        esize = ELEM_BYTES[dtype]
+        data = np.frombuffer(self.buf, _NP_DTYPES[dtype], rows * stride // esize, data_off)
+        data = data.reshape(rows, stride // esize)[:, :cols]
+        if dtype in ("f32", "f16"):
+            w = data.astype(np.float32)
+        else:
+            n_groups = -(-cols // group)
+            scales = np.frombuffer(self.buf, _SCALE_DTYPES[scale_code], rows * n_groups, scale_off)
+            s = np.repeat(scales.reshape(rows, n_groups).astype(np.float32), group, axis=1)[:, :cols]
+            w = s * data.astype(np.float32)
+            if n_out:
+                gaps = np.frombuffer(self.buf, "<u2", n_out, oidx_off).astype(np.int64)
+                vals = np.frombuffer(self.buf, "<f2", n_out, oval_off).astype(np.float32)
+                w.reshape(-1)[np.cumsum(gaps)] += vals  # filler entries add 0.0 and never repeat an index
+        shape = (rows, cols) if name == "rope_freq" else canonical_shape(self.spec, name)
+        return w.reshape(shape)

@@ -1,0 +1,102 @@
+"""Quantization of a checkpoint's tensors, one at a time, serially or in a process pool.
+
+Each worker reads its tensor itself from the checkpoint and returns the quantized tensor with its error
+statistics; results come back in canonical order, with a bounded number of tensors in flight, so the
+blob is written in the same order, byte for byte, as by a serial export, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .quantize import QuantTensor, quantize, relative_error, sum_squares
+
+POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
+INFLIGHT_PER_WORKER = 2
+
+
+@dataclass(frozen=True)
+class Quantized:
+    name: str
+    qt: QuantTensor
+    row: dict  # the manifest's entry for the tensor, without its place in the blob
+    norm2: float  # sum of the squared source weights (float64), for the model's total error
+
+
+def tensor_quant(name: str, quant: str) -> str:
+    """The quantization a tensor gets: norms, biases, router and shared gate stay float32."""
+    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate")):
+        return "f32"
+    return quant
+
+
+def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float) -> Quantized:
+    """Read one tensor from `source` (anything with get(name)), quantize it and measure its error."""
+    w = source.get(name)
+    tq = tensor_quant(name, quant)
+    qt = quantize(w, tq, group_size=group_size, outlier_frac=outlier_frac)
+    row = {
+        "name": name, "quant": tq, "shape": list(w.shape),
+        "bits_per_weight": round(qt.bits_per_weight(), 4),
+        "rel_error": relative_error(w, qt.dequantize().reshape(w.shape)), "n_outliers": qt.n_outliers,
+    }
+    if tq in ("int8", "int8c"):  # the other int8 flavour, for comparison
+        other = "int8" if tq == "int8c" else "int8c"
+        alt = quantize(w, other, group_size=group_size, outlier_frac=outlier_frac)
+        row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
+    norm2 = sum_squares(w)
+    return Quantized(name, qt, row, norm2)
+
+
+def pool_workers(n_params: int, requested: int = 0) -> int:
+    """Worker processes for a model: `requested` if given, else none below POOL_MIN_PARAMS, else one a core."""
+    if requested > 0:
+        return requested
+    return 1 if n_params < POOL_MIN_PARAMS else os.cpu_count() or 1
+
+
+_SOURCE: Any = None  # the worker's own copy of the weight source
+
+
+def _init_worker(source: Any) -> None:
+    global _SOURCE
+    _SOURCE = source
+
+
+def _job(name: str, quant: str, group_size: int, outlier_frac: float) -> Quantized:
+    return quantize_tensor(_SOURCE, name, quant, group_size, outlier_frac)
+
+
+def quantize_all(source: Any, names: list[str], quant: str, group_size: int, outlier_frac: float,
+                 workers: int = 1) -> Iterator[Quantized]:
+    """Quantized tensors in the order of `names`; with workers > 1 computed in that many processes,
+    at most INFLIGHT_PER_WORKER * workers tensors at a time."""
+    if workers <= 1:
+        for name in names:
+            yield quantize_tensor(source, name, quant, group_size, outlier_frac)
+        return
+    # fork: spawn and forkserver would re-run the caller's __main__ (an SConstruct, a test, a script)
+    # in every worker; the workers are forked before any tensor is read, while the exporter is small
+    ctx = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source,))
+    try:
+        todo = iter(names)
+        pending: deque[Future[Quantized]] = deque()
+        for name in todo:
+            pending.append(pool.submit(_job, name, quant, group_size, outlier_frac))
+            if len(pending) >= INFLIGHT_PER_WORKER * workers:
+                break
+        while pending:
+            done = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(_job, nxt, quant, group_size, outlier_frac))
+            yield done
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
