@@ -13,13 +13,12 @@ import zlib
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .blob import ENTRY_BYTES, HEADER_FIXED, KINDS, MAGIC, read_header
+from .blob import ENTRY_BYTES, HEADER_FIXED, KINDS, MAGIC, TABLE_ENTRY, read_header
 from .errors import ExportError
 from .spec import ModelSpec
 
 _DTYPE_NAMES = {1: "f32", 2: "f16", 3: "int8", 4: "int8c"}
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
-_ENTRY = struct.Struct("<HHHBBIIIIIIQQQQ")
 _SOURCE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
@@ -110,7 +109,7 @@ def inspect_blob(path: Path) -> dict:
     ends = sorted({struct.unpack_from("<Q", raw, HEADER_FIXED + ENTRY_BYTES * i + 32)[0] for i in range(n)})
     ends.append(len(raw))
     for i in range(n):
-        e = _ENTRY.unpack_from(raw, HEADER_FIXED + ENTRY_BYTES * i)
+        e = TABLE_ENTRY.unpack_from(raw, HEADER_FIXED + ENTRY_BYTES * i)
         kind, layer, expert, dtype, rows, cols, data_off = e[0], e[1], e[2], e[3], e[5], e[6], e[11]
         nxt = next((x for x in ends if x > data_off), len(raw))
         nbytes = nxt - data_off
