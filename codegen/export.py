@@ -19,7 +19,7 @@ from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
-from .plan import plan_arena
+from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
@@ -51,6 +51,7 @@ class ExportOptions:
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
     prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: colibri.json's, else 3,17,42
     generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
+    prefill_block: int = 0  # tokens a prefill runs through the layers at once; 0: plan.prefill_block()
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
     workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
@@ -92,6 +93,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= 1 << 20:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
+    if not 0 <= opts.prefill_block <= MAX_PREFILL_BLOCK:
+        raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {MAX_PREFILL_BLOCK}]")
     demo = _demo_defaults(ckpt_dir)
     prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
     generate = opts.generate or demo.get("generate") or 16
@@ -164,7 +167,7 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    plan = plan_arena(spec, max_seq)
+    plan = plan_arena(spec, max_seq, opts.prefill_block)
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS

@@ -19,6 +19,7 @@ F32 = 4
 # accepts 1..MAX_PREFILL_BLOCK (its CB_MAX_BLOCK).
 PREFILL_BLOCK = 32
 MAX_PREFILL_BLOCK = 32
+UNBLOCKED = ("key_cache", "value_cache", "scores")  # buffers that do not grow with the block
 
 # (name, first step, last step) in FORMAT.md order; steps are those of one layer, taken by all the
 # tokens of a block before the next step
@@ -79,8 +80,13 @@ class ArenaPlan:
         }
 
 
-def prefill_block(max_seq: int) -> int:
-    return max(1, min(PREFILL_BLOCK, max_seq))
+def prefill_block(spec: ModelSpec, max_seq: int) -> int:
+    """The default block: as many tokens (up to PREFILL_BLOCK and max_seq) as keep the per-token
+    buffers within the KV cache's size, so blocking at most about doubles the arena of a small
+    model (RAM is what a microcontroller runs out of) while large models get the full block."""
+    per_token = sum(v for k, v in buffer_elements(spec, max_seq, 1).items() if k not in UNBLOCKED) * F32
+    kv = 2 * spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim * F32
+    return max(1, min(PREFILL_BLOCK, max_seq, kv // per_token))
 
 
 def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1) -> dict[str, int]:
@@ -113,8 +119,8 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
 def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None) -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
     buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
-    block: tokens per prefill block (default PREFILL_BLOCK, at most max_seq)."""
-    block = prefill_block(max_seq) if block is None else block
+    block: tokens per prefill block (default: prefill_block())."""
+    block = prefill_block(spec, max_seq) if not block else block
     if not 1 <= block <= MAX_PREFILL_BLOCK:
         raise ValueError(f"prefill block {block} outside 1..{MAX_PREFILL_BLOCK}")
     elems = buffer_elements(spec, max_seq, block)

@@ -153,3 +153,17 @@ def test_sparse_far_apart_corrections(tmp_path, build_model):
         want = ref.forward(prompt)
         got = m.forward(prompt)
         assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want))), how
+
+
+def test_prefill_block_trades_arena_for_nothing_else(golden_ckpts, build_model):
+    """The prefill block size changes the arena, never the numbers."""
+    ckpt = golden_ckpts["mixtral_f16"]
+    outs = {b: build_model(ckpt, "int8c", "host", f"PREFILL_BLOCK={b}") for b in (1, 7, 32)}
+    arenas = {b: json.loads((o / "manifest.json").read_text())["arena"] for b, o in outs.items()}
+    assert [arenas[b]["prefill_block"] for b in (1, 7, 32)] == [1, 7, 32]
+    assert arenas[1]["arena_bytes"] < arenas[7]["arena_bytes"] < arenas[32]["arena_bytes"]
+    prompt = [(7 * i) % 320 for i in range(40)]  # longer than one block of 32
+    logits = {b: load(o / "model.bin").forward(prompt) for b, o in outs.items()}
+    assert np.array_equal(logits[1], logits[7]) and np.array_equal(logits[1], logits[32])
+    for b, o in outs.items():
+        assert load(o / "model.bin").arena_bytes == arenas[b]["arena_bytes"]

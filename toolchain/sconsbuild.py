@@ -222,6 +222,7 @@ def build_all(arguments: dict) -> None:
             "max_seq": int(arguments.get("MAX_SEQ", 0)),
             "group_size": int(arguments.get("GROUP_SIZE", 0)),
             "outlier_frac": float(arguments.get("OUTLIER_FRAC", 0.005)),
+            "prefill_block": int(arguments.get("PREFILL_BLOCK", 0)),
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
