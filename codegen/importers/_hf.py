@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import ModelSpec, canonical_names
-from .mixtral import _Config, _rope_theta, attention_dims
+from .mixtral import GLOBAL_TENSORS, _Config, _rope_theta, attention_dims
 
 __all__ = ["Names", "_Config", "attention_dims", "common_fields", "reject_keys", "bool_key", "layer_list"]
 
@@ -40,12 +40,8 @@ class Names:
     dense: str = "mlp"
 
     def source_name(self, canonical: str) -> str:
-        if canonical == "embed":
-            return "model.embed_tokens.weight"
-        if canonical == "final_norm":
-            return "model.norm.weight"
-        if canonical == "lm_head":
-            return "lm_head.weight"
+        if canonical in GLOBAL_TENSORS:
+            return GLOBAL_TENSORS[canonical]
         _, layer, rest = canonical.split(".", 2)
         p = f"model.layers.{layer}."
         fixed = {

@@ -158,14 +158,15 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
     )
 
 
+# HF names of the tensors outside the layers, the same in every family
+GLOBAL_TENSORS = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
+                  "lm_head": "lm_head.weight"}
+
+
 def source_name(canonical: str) -> str:
     """The HF tensor name of a canonical name."""
-    if canonical == "embed":
-        return "model.embed_tokens.weight"
-    if canonical == "final_norm":
-        return "model.norm.weight"
-    if canonical == "lm_head":
-        return "lm_head.weight"
+    if canonical in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[canonical]
     _, layer, rest = canonical.split(".", 2)
     if rest in _LAYER_TENSORS:
         return f"model.layers.{layer}.{_LAYER_TENSORS[rest]}.weight"

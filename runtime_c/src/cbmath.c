@@ -68,15 +68,16 @@ static double cb_cos_poly(double r)
         + r2 * (2.08767569878680989792e-09 + r2 * -1.14707455977297247139e-11))))));
 }
 
-/* Both give NaN for inf/NaN; beyond 2^60 rad (meaningless in float) they give 0. */
-float cb_sinf(float x)
+/* sin(x) for shift 0, cos(x) = sin(x + pi/2) for shift 1: one quadrant further on.
+ * Both give NaN for inf/NaN; beyond 2^60 rad (meaningless in float) they give 0. */
+static float cb_trig(float x, unsigned shift)
 {
     double r;
     if (!(x - x == 0.0f))
         return x - x;
     if (x > 0x1p60f || x < -0x1p60f)
         return 0.0f;
-    switch (cb_reduce(x, &r)) {
+    switch ((cb_reduce(x, &r) + shift) & 3) {
     case 0: return (float)cb_sin_poly(r);
     case 1: return (float)cb_cos_poly(r);
     case 2: return (float)-cb_sin_poly(r);
@@ -84,20 +85,8 @@ float cb_sinf(float x)
     }
 }
 
-float cb_cosf(float x)
-{
-    double r;
-    if (!(x - x == 0.0f))
-        return x - x;
-    if (x > 0x1p60f || x < -0x1p60f)
-        return 0.0f;
-    switch (cb_reduce(x, &r)) {
-    case 0: return (float)cb_cos_poly(r);
-    case 1: return (float)-cb_sin_poly(r);
-    case 2: return (float)-cb_cos_poly(r);
-    default: return (float)cb_sin_poly(r);
-    }
-}
+float cb_sinf(float x) { return cb_trig(x, 0u); }
+float cb_cosf(float x) { return cb_trig(x, 1u); }
 
 /* ryg's float_to_half_fast3_rtne: for f16 subnormals, adding 0.5f moves the
  * f16 ulp onto the f32 ulp, so the FPU does the rounding. */
