@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
@@ -14,8 +15,12 @@ from colibri.runtime import load
 from conftest import synth
 from q8_0 import BITS_PER_WEIGHT, q8_0_dequantized
 
-HEAVY = dict(layers=2, hidden=128, ffn=256, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=5,
-             heavy_tail=True)
+HEAVY = {
+    "heavy_a": dict(layers=2, hidden=128, ffn=256, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=5,
+                    heavy_tail=True),
+    "heavy_b": dict(layers=3, hidden=192, ffn=384, heads=6, kv_heads=2, experts=6, top_k=2, vocab=320, seed=17,
+                    heavy_tail=True),
+}
 N_SEQS, SEQ_LEN = 48, 24
 
 
@@ -42,8 +47,9 @@ def _errors(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
     return kl, float(np.mean(base.argmax(-1) == other.argmax(-1)))
 
 
-def test_int8c_beats_q8_0_at_no_more_bits(tmp_path, build_model):
-    ckpt = synth(tmp_path / "heavy", **HEAVY)
+@pytest.mark.parametrize("case", sorted(HEAVY))
+def test_int8c_beats_q8_0_at_no_more_bits(case, tmp_path, build_model):
+    ckpt = synth(tmp_path / case, **HEAVY[case])
     c = open_checkpoint(ckpt)
     weights = {n: c.get(n) for n in canonical_names(c.spec)}
     seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(N_SEQS, SEQ_LEN))
