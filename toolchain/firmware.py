@@ -197,7 +197,7 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
     """The firmware images of one model for one target (same shape as sconsbuild._linux_outputs)."""
     from SCons.Script import Action, Exit, Value  # type: ignore[import-not-found]
 
-    from .sconsbuild import COPY, _write_value_action
+    from .sconsbuild import COPY, _write_value_action, top_relative
 
     try:
         fw = firmware_spec(t)
@@ -224,7 +224,8 @@ def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) 
                          source_scanner=CScanner())[0]
 
     runtime = [compile_c(runtime_env, Path(s).stem, str(ROOT / "runtime_c/src" / s)) for s in RUNTIME_SRC]
-    blob = fenv.Object(str(obj / "model_blob.o"), gen["model_blob.S"], ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{inc}"])
+    blob = fenv.Object(str(obj / "model_blob.o"), gen["model_blob.S"],
+                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{top_relative(inc)}"])
     model = [compile_c(runtime_env, "model", gen["model.c"]), blob[0]]
     fenv.Depends(model[1], gen["model.bin"])
     app = [compile_c(fenv, Path(src).stem, str(FW_DIR / src)) for src in COMMON_SRC]

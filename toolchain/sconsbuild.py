@@ -40,6 +40,15 @@ FLOAT = ["-ffp-contract=off", "-fno-math-errno"]
 COMMON_CFLAGS = WARN + FLOAT + ["-O2", "-g", "-fvisibility=hidden", "-ffunction-sections", "-fdata-sections"]
 
 
+def top_relative(path: str | Path) -> str:
+    """A path as command lines should spell it: relative to the top directory when inside it.
+
+    SCons writes its own node paths that way; raw flag strings must follow, or the same build
+    in another checkout has other command lines and CACHE=dir never hits."""
+    rel = os.path.relpath(Path(path).absolute(), ROOT)
+    return str(path) if rel.startswith("..") else rel
+
+
 def _fail(message: str) -> None:
     print(f"colibri: {message}", file=sys.stderr)
     Exit(2)
@@ -169,9 +178,9 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
                     for s in RUNTIME_SRC]
     model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
                   objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
-                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{inc}"])]
+                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{top_relative(inc)}"])]
     env.Depends(model_objs[1], gen["model.bin"])
-    soflags = ["-shared", f"-Wl,--version-script={src / 'colibri.map'}",
+    soflags = ["-shared", f"-Wl,--version-script={top_relative(src / 'colibri.map')}",
                "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
     lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
