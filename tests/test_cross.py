@@ -159,3 +159,26 @@ def test_scalar_builds_agree_bit_for_bit_across_targets(cross_ckpt, build_model)
     first = next(iter(runs.values()))
     for target, lines in runs.items():
         assert lines == first, f"{target} differs from x86_64 in the printed logits"
+
+
+def _checkout(where):
+    """A clone of this repository whose `colibri` package is the clone's own (through a path shim)."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
+    shim = where.parent / f"{where.name}-shim" / "colibri"
+    shim.mkdir(parents=True)
+    for pkg, src in (("codegen", "codegen"), ("toolchain", "toolchain"), ("runtime", "toolchain/binding")):
+        (shim / pkg).symlink_to(where / src)
+    return {**os.environ, "PYTHONPATH": str(shim.parent)}
+
+
+def test_cache_dir_serves_another_checkout(cross_ckpt, tmp_path):
+    cache = tmp_path / "cache"
+    runs = []
+    for name in ("a", "b"):
+        env = _checkout(tmp_path / name)
+        res = subprocess.run([str(BIN / "scons"), "-Q", "-j2", f"MODEL={cross_ckpt}", f"CACHE={cache}"],
+                             cwd=tmp_path / name, capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr
+        runs.append(res.stdout)
+    compiled = [line for line in runs[1].splitlines() if line.startswith(("CC ", "AS ", "LINK "))]
+    assert "Retrieved" in runs[1] and not compiled, f"the second checkout rebuilt: {compiled}"
