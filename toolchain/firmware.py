@@ -43,7 +43,7 @@ FAMILIES = {
     "riscv": {"sources": ("riscv/startup.S", "riscv/board.c"), "entry": "_start",
               "reset": ("board_boot", "main", "board_exit"), "handlers": ("board_trap",), "exception_frame": 0},
 }
-COMMON_SRC = ("common/main.c", "common/boot.c", "common/print.c")
+COMMON_SRC = ("common/main.c", "common/boot.c", "common/print.c", "common/semihost.c")
 # Stack for calls into code compiled without -fstack-usage (libc, libgcc, libm: memcpy,
 # memset, 64-bit division, soft float: leaves or near-leaves of 16-80 bytes), charged once on
 # top of the deepest path.

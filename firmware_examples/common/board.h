@@ -11,7 +11,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Writes a NUL-terminated string to the host console. */
+/* One semihosting call (op, argument block): `bkpt 0xab` on Arm, the
+ * slli/ebreak/srai sequence on RISC-V (each family's startup code). */
+long board_semihost(long op, const void *arg);
+
+/* Writes a NUL-terminated string to the host console (semihost.c). */
 void board_puts(const char *s);
 
 /* Unsigned decimal, and 0x%08x hex (print.c). */

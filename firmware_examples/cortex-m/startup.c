@@ -62,27 +62,14 @@ void Reset_Handler(void)
     board_exit(main());
 }
 
-static int board_semihost(int op, const void *arg)
+long board_semihost(long op, const void *arg)
 {
-    register int r0 __asm__("r0") = op;
+    register long r0 __asm__("r0") = op;
     register const void *r1 __asm__("r1") = arg;
     __asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");
     return r0;
 }
 
-void board_puts(const char *s)
-{
-    board_semihost(0x04, s); /* SYS_WRITE0 */
-}
-
-_Noreturn void board_exit(int status)
-{
-    /* SYS_EXIT_EXTENDED: AArch32 SYS_EXIT cannot carry a status, this can. */
-    const uint32_t block[2] = {0x20026u /* ADP_Stopped_ApplicationExit */, (uint32_t)status};
-    board_semihost(0x20, block);
-    for (;;)
-        __asm__ volatile("wfi");
-}
 
 void Fault_Handler(void)
 {

@@ -4,22 +4,7 @@
  */
 #include "board.h"
 
-long board_semihost(long op, const void *arg); /* startup.S */
 _Noreturn void board_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval);
-
-void board_puts(const char *s)
-{
-    board_semihost(0x04, s); /* SYS_WRITE0 */
-}
-
-_Noreturn void board_exit(int status)
-{
-    /* SYS_EXIT_EXTENDED: on RV32, SYS_EXIT cannot carry a status, this can. */
-    const uint32_t block[2] = {0x20026u /* ADP_Stopped_ApplicationExit */, (uint32_t)status};
-    board_semihost(0x20, block);
-    for (;;)
-        __asm__ volatile("wfi");
-}
 
 _Noreturn void board_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval)
 {
