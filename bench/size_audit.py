@@ -9,6 +9,7 @@ bytes), then times the audit in-process and the whole CLI (median of 5 each).
 from __future__ import annotations
 
 import os
+import runpy
 import statistics
 import subprocess
 import sys
@@ -18,12 +19,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests/size_fixtures"
-sys.path.insert(0, str(FIXTURES))
 
 
 def main() -> int:
-    import build as fx  # tests/size_fixtures/build.py: the fixture sources
     from colibri.toolchain.size.audit import Options, audit
+
+    runtime = runpy.run_path(str(FIXTURES / "build.py"))["RUNTIME"]  # the fixture's mini runtime sources
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -32,7 +33,7 @@ def main() -> int:
                 f.write(os.urandom(10 << 20))
         (tmp / "blob.S").write_text((FIXTURES / "gen/model_blob.S").read_text())
         so = tmp / "libbig.so"
-        srcs = [str(FIXTURES / s) for s in fx.RUNTIME + ["gen/model.c"]]
+        srcs = [str(FIXTURES / s) for s in runtime + ["gen/model.c"]]
         subprocess.run(["gcc", "-O2", "-g", "-fPIC", "-shared", f"-Wa,-I{tmp}", *srcs, str(tmp / "blob.S"),
                         "-o", str(so)], check=True)
         inproc, cli = [], []
