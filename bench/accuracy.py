@@ -29,7 +29,7 @@ from colibri.codegen.reference import Reference  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
 from colibri.runtime import load  # noqa: E402
 
-from q8_0 import q8_0_dequantized  # noqa: E402
+from q8_0 import Q8_0Weights  # noqa: E402
 
 VARIANTS = (("f32", ()), ("f16", ()), ("int8", ()), ("int8c", ()))
 
@@ -101,7 +101,7 @@ def main() -> int:
     print(f"{'variant':<18} {'bits/w':>7} {'exact':>7} {'mean KL':>10} {'top-1':>7}  runtime")
     print(f"{'fp32 reference':<18} {32.0:7.3f} {ref_exact:7.2%} {0.0:10.2e} {1.0:7.2%}  numpy")
     quantized = [k for k in weights if not (k.endswith("norm") or k.endswith("moe.router"))]
-    q8 = Reference(c.spec, {k: q8_0_dequantized(w) if k in quantized else w for k, w in weights.items()})
+    q8 = Reference(c.spec, Q8_0Weights(weights, set(quantized)))  # Q8_0 weights and activations, as llama.cpp
     q8_logits = teacher_forced(q8.forward, q8.reset, prompts, fp32_answers)
     q8_exact = np.mean([adder_task.decode_answer(greedy(q8, p, task["max_new_tokens"])) == want
                         for p, (_, want) in zip(prompts, problems, strict=True)])

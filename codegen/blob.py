@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .layout import LAYOUTS, is_q8, tile, tile_scales
 from .plan import ArenaPlan, align_up
 from .quantize import QuantTensor, encode_outliers
 from .spec import ModelSpec
@@ -21,11 +22,12 @@ from .spec import ModelSpec
 MAGIC = 0x52424C43
 VERSION_MAJOR = 1
 VERSION_MINOR = 1  # written only when a 1.1 feature is used; a blob without one stays 1.0, byte for byte
+VERSION_MINOR_Q8 = 2  # integer matmuls (an xq buffer, maybe tiled weights): always written as 1.2
 HEADER_FIXED = 256
 ENTRY_BYTES = 64
 ALIGN = 64
 ROW_ALIGN = 16
-LAYOUT_ROWMAJOR16 = 1
+LAYOUT_ROWMAJOR16 = 1  # codegen/layout.py LAYOUTS
 FLAG_TIED = 1
 # 1.1 feature flags (FORMAT.md "Feature flags")
 FLAG_QKV_BIAS = 1 << 1
@@ -71,8 +73,8 @@ ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}
 SCALE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 
 _HEADER = struct.Struct("<IHHIIQII" + "I" * 11 + "ff" + "IQ" + "Q" * 11)
-_HEADER_11 = struct.Struct("<QQIIfI32s")  # at offset 184: buffer_offset[11..12], shared_ffn, dense_ffn,
-_HEADER_11_OFFSET = 184                    # routed_scale, reserved, dense-layer bitmap
+_HEADER_11 = struct.Struct("<QQIIfI32sQ")  # at offset 184: buffer_offset[11..12], shared_ffn, dense_ffn,
+_HEADER_11_OFFSET = 184                     # routed_scale, prefill block, dense-layer bitmap, 1.2: xq offset
 TABLE_ENTRY = struct.Struct("<HHHBBIIIIII" + "QQQQ")
 
 
@@ -113,8 +115,8 @@ def feature_flags(spec: ModelSpec) -> int:
             | (FLAG_ROUTED_SCALE if spec.routed_scale != 1.0 else 0))
 
 
-def format_version(spec: ModelSpec) -> str:
-    return f"{VERSION_MAJOR}.{VERSION_MINOR if feature_flags(spec) & ~FLAG_TIED else 0}"
+def format_version(spec: ModelSpec, plan: ArenaPlan) -> str:
+    return f"{VERSION_MAJOR}.{format_minor(spec, plan)}"
 
 
 def dense_bitmap(spec: ModelSpec) -> bytes:
@@ -128,9 +130,16 @@ def header_bytes(n_tensors: int) -> int:
     return align_up(HEADER_FIXED + ENTRY_BYTES * n_tensors, ALIGN)
 
 
+def format_minor(spec: ModelSpec, plan: ArenaPlan) -> int:
+    if plan.buffers[-1].name == "xq":
+        return VERSION_MINOR_Q8
+    return VERSION_MINOR if feature_flags(spec) & ~FLAG_TIED else 0
+
+
 class BlobWriter:
-    def __init__(self, f: BinaryIO, n_tensors: int):
+    def __init__(self, f: BinaryIO, n_tensors: int, layout: str = "rows"):
         self.f = f
+        self.layout = layout  # how q8 matrices are stored (codegen/layout.py); the rest is row-major
         self.n_tensors = n_tensors
         self.header_bytes = header_bytes(n_tensors)
         self.pos = self.header_bytes
@@ -151,16 +160,20 @@ class BlobWriter:
         esize = ELEM_BYTES[qt.dtype]
         stride = align_up(qt.cols * esize, ROW_ALIGN)
         data = qt.data.reshape(qt.rows, qt.cols)
-        if stride != qt.cols * esize:
+        scales = qt.scales
+        tiled = self.layout == "tiled16" and is_q8(qt.dtype, qt.cols, qt.group_size)
+        if tiled:
+            data, scales = tile(data), tile_scales(scales)
+        elif stride != qt.cols * esize:
             padded = np.zeros((qt.rows, stride // esize), dtype=data.dtype)
             padded[:, : qt.cols] = data
             data = padded
         data_off = self._put(data.astype(data.dtype.newbyteorder("<"), copy=False))
         scale_off = oidx_off = oval_off = n_out = 0
         scale_code = 0
-        if qt.scales is not None:
-            scale_code = SCALE_DTYPES[qt.scales.dtype]
-            scale_off = self._put(qt.scales.astype(qt.scales.dtype.newbyteorder("<")))
+        if scales is not None:
+            scale_code = SCALE_DTYPES[scales.dtype]
+            scale_off = self._put(scales.astype(scales.dtype.newbyteorder("<")))
         if qt.n_outliers:
             gaps, vals = encode_outliers(qt.oidx, qt.oval)
             n_out = gaps.size
@@ -183,23 +196,25 @@ class BlobWriter:
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
         flags = feature_flags(spec)
-        minor = VERSION_MINOR if flags & ~FLAG_TIED else 0
+        minor = format_minor(spec, plan)
+        xq = plan.buffers[-1].offset if minor == VERSION_MINOR_Q8 else 0
+        table = [b for b in plan.buffers if b.name != "xq"]
         header = _HEADER.pack(
             MAGIC, VERSION_MAJOR, minor, 0, self.header_bytes, blob_bytes, self.n_tensors,
-            flags, LAYOUT_ROWMAJOR16,
+            flags, LAYOUTS[self.layout] if xq else LAYOUT_ROWMAJOR16,
             spec.vocab, spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim,
             spec.ffn, spec.n_experts, spec.top_k, max_seq,
-            spec.rms_eps, spec.rope_theta, len(plan.buffers), plan.arena_bytes,
-            *(b.offset for b in plan.buffers[:11]),
+            spec.rms_eps, spec.rope_theta, len(table), plan.arena_bytes,
+            *(b.offset for b in table[:11]),
         )
         # the prefill block (at 212) is written whenever it is not 1; 0 there means 1 (all older blobs)
         block = plan.prefill_block if plan.prefill_block > 1 else 0
         if minor or block:
-            extra = [b.offset for b in plan.buffers[11:]]
+            extra = [b.offset for b in table[11:]]
             extra += [0] * (2 - len(extra))
             header += _HEADER_11.pack(*extra, spec.shared_ffn, spec.dense_ffn,
                                       spec.routed_scale if flags & FLAG_ROUTED_SCALE else 0.0, block,
-                                      dense_bitmap(spec))
+                                      dense_bitmap(spec), xq)
         head = header.ljust(HEADER_FIXED, b"\0") + b"".join(self.entries)
         head = head.ljust(self.header_bytes, b"\0")
         self.f.seek(0)
@@ -226,9 +241,9 @@ def read_header(path: Path) -> dict:
     out = dict(zip(keys, v[: len(keys)], strict=True))
     out["buffer_offsets"] = list(v[len(keys) :])
     raw = Path(path).read_bytes()[:HEADER_FIXED]
-    b11, b12, shared_ffn, dense_ffn, scale, block, bitmap = _HEADER_11.unpack_from(raw, _HEADER_11_OFFSET)
+    b11, b12, shared_ffn, dense_ffn, scale, block, bitmap, xq = _HEADER_11.unpack_from(raw, _HEADER_11_OFFSET)
     out["buffer_offsets"] += [b11, b12][: max(0, out["n_buffers"] - 11)]
-    out.update(shared_ffn=shared_ffn, dense_ffn=dense_ffn, prefill_block=max(block, 1),
+    out.update(shared_ffn=shared_ffn, dense_ffn=dense_ffn, prefill_block=max(block, 1), xq_offset=xq,
                routed_scale=scale if out["flags"] & FLAG_ROUTED_SCALE else 1.0,
                dense_layers=[i for i in range(8 * DENSE_BITMAP_BYTES) if bitmap[i // 8] >> (i % 8) & 1])
     return out

@@ -19,6 +19,7 @@ from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
+from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
@@ -55,6 +56,7 @@ class ExportOptions:
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
     workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
+    layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
 
 
 @dataclass
@@ -88,6 +90,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
         raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
+    if opts.layout not in LAYOUTS:
+        raise ExportError(ckpt_dir, f"unknown layout {opts.layout!r} (use {', '.join(LAYOUTS)})")
     if opts.group_size < 0:
         raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
     max_seq = opts.max_seq or default_max_seq(spec)
@@ -167,7 +171,7 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    plan = plan_arena(spec, max_seq, opts.prefill_block)
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=uses_q8(spec, opts.quant, opts.group_size))
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
@@ -179,7 +183,7 @@ def export(
     progress = tensor_progress(report, terminal, len(names), src_bytes)
     with staged_dir(Path(out_dir)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
-            writer = BlobWriter(f, len(order))
+            writer = BlobWriter(f, len(order), opts.layout)
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
                     writer.add(q.name, q.qt)
@@ -212,7 +216,9 @@ def export(
             "quant": {"scheme": opts.quant, "group_size": opts.group_size, "outlier_frac": opts.outlier_frac},
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
-            "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc, "format_version": format_version(spec)},
+            "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
+                     "format_version": format_version(spec, plan),
+                     "layout": opts.layout if uses_q8(spec, opts.quant, opts.group_size) else "rows"},
             "arena": plan.to_json(),
             "totals": {
                 "weights": n_weights,

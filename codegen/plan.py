@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .layout import xq_row_bytes
 from .spec import ModelSpec
 
 CTX_BYTES = 256  # the runtime's context sits at arena offset 0
@@ -40,6 +41,9 @@ BUFFER_LIFETIMES: tuple[tuple[str, int, int], ...] = (
     ("xup", 8, 8),
 )
 N_BASE_BUFFERS = 11
+# format 1.2: int8 activations of the integer matmuls (codegen/layout.py), live through every step;
+# its offset has its own header field, so it comes after the table's buffers
+XQ_BUFFER = ("xq", 0, 11)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -116,16 +120,19 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
     return BUFFER_LIFETIMES if extra else BUFFER_LIFETIMES[:N_BASE_BUFFERS]
 
 
-def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None) -> ArenaPlan:
+def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool = False) -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
     buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
-    block: tokens per prefill block (default: prefill_block())."""
+    block: tokens per prefill block (default: prefill_block()); q8: the model has integer matmuls,
+    which need the xq buffer (last in `buffers`)."""
     block = prefill_block(spec, max_seq) if not block else block
     if not 1 <= block <= MAX_PREFILL_BLOCK:
         raise ValueError(f"prefill block {block} outside 1..{MAX_PREFILL_BLOCK}")
     elems = buffer_elements(spec, max_seq, block)
-    lifetimes = buffer_lifetimes(spec)
-    sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes}
+    lifetimes = buffer_lifetimes(spec) + ((XQ_BUFFER,) if q8 else ())
+    sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes if name != "xq"}
+    if q8:
+        sizes["xq"] = block * xq_row_bytes(spec)
     order = sorted(range(len(lifetimes)), key=lambda i: (-sizes[lifetimes[i][0]], i))
     placed: dict[int, Buffer] = {}
     for i in order:

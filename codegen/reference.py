@@ -111,6 +111,19 @@ class LazyWeights:
         return arr
 
 
+def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x as the C runtime's integer matmuls see it (kernels.h cb_quantize_q8), dequantized: per block of
+    `block` values, round-half-away(x * 127 / max|x|) * (max|x| / 127), in the C code's float32 steps."""
+    b = np.asarray(x, dtype=F32).reshape(-1, block)
+    amax = np.max(np.abs(b), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, F32(127.0) / amax, F32(0.0)).astype(F32)
+    f = b * inv[:, None]
+    f = f + np.where(f >= 0, F32(0.5), F32(-0.5))
+    q = np.clip(np.trunc(np.nan_to_num(f, nan=0.0)), -127, 127).astype(F32)
+    return (q * (amax / F32(127.0))[:, None]).reshape(-1)
+
+
 class Reference:
     """Greedy-decodable Mixtral in numpy float32 with a KV cache of `max_seq` positions.
 
@@ -130,6 +143,12 @@ class Reference:
             self.w = {name: _as_f32(weights, name) for name in canonical_names(spec)}
         else:
             self.w = LazyWeights(weights, cache_bytes)
+        # a blob's weights say which matrices the runtime multiplies with int8 activations, and where the
+        # int8c corrections are (those multiply the float activations): the reference then does the same
+        self._q8 = getattr(weights, "q8", None)
+        self._corrections = getattr(weights, "corrections", None)
+        self._quantize_activations = getattr(weights, "quantize_activations", quantize_q8)
+        self._corr_cache: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
         self.inv_freq = rope_inv_freq(spec)
         self.routing: list[np.ndarray] = []  # experts chosen in each layer for the last token
         self.router_probs: dict[int, np.ndarray] = {}  # MoE layer -> softmax of its router, last token
@@ -138,6 +157,22 @@ class Reference:
     @property
     def lm_head(self) -> np.ndarray:
         return self.w["embed"] if self.spec.tied else self.w["lm_head"]
+
+    def _mm(self, name: str, x: np.ndarray) -> np.ndarray:
+        """W x, as the runtime computes it: int8 activations for its q8 matrices (corrections excepted)."""
+        w = self.w[name]
+        if self._q8 is None or not self._q8(name):
+            return w @ x
+        xq = self._quantize_activations(x)
+        y = w @ xq
+        if name not in self._corr_cache:
+            c = self._corrections(name) if self._corrections else None
+            self._corr_cache[name] = None if c is None else (c[0] // w.shape[1], c[0] % w.shape[1], c[1])
+        corr = self._corr_cache[name]
+        if corr is not None:  # W = base + corrections; the base takes xq, the corrections x
+            rows, cols, vals = corr
+            y = y + np.bincount(rows, vals * (x - xq)[cols], minlength=w.shape[0]).astype(F32)
+        return y
 
     def reset(self) -> None:
         """Forget the sequence: the next token is at position 0."""
@@ -149,7 +184,7 @@ class Reference:
 
     def _attention(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}."
-        q, k, v = w[p + "attn.q"] @ x, w[p + "attn.k"] @ x, w[p + "attn.v"] @ x
+        q, k, v = self._mm(p + "attn.q", x), self._mm(p + "attn.k", x), self._mm(p + "attn.v", x)
         if s.qkv_bias:
             q, k, v = q + w[p + "attn.q_bias"], k + w[p + "attn.k_bias"], v + w[p + "attn.v_bias"]
         if s.qk_norm == "full":  # OLMoE: over all heads at once
@@ -172,11 +207,10 @@ class Reference:
             kv = h // group  # HF repeat_kv: query head h reads kv head h // group
             scores = (self.k_cache[layer, :n, kv] @ q[h]) * scale
             out[h] = softmax(scores) @ self.v_cache[layer, :n, kv]
-        return w[p + "attn.o"] @ out.reshape(-1)
+        return self._mm(p + "attn.o", out.reshape(-1))
 
     def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
-        w = self.w
-        return w[prefix + "down"] @ (silu(w[prefix + "gate"] @ x) * (w[prefix + "up"] @ x))
+        return self._mm(prefix + "down", silu(self._mm(prefix + "gate", x)) * self._mm(prefix + "up", x))
 
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}.moe."
@@ -220,7 +254,7 @@ class Reference:
             raise ValueError("forward needs at least one token")
         for t in tokens:
             x = self._step(int(t))
-        return self.lm_head @ rms_norm(x, self.w["final_norm"], self.spec.rms_eps)
+        return self._mm("embed" if self.spec.tied else "lm_head", rms_norm(x, self.w["final_norm"], self.spec.rms_eps))
 
     def generate(self, tokens: Sequence[int], n: int) -> list[int]:
         """Greedy decoding (ties -> lowest id) continuing the current sequence; only the n new ids.

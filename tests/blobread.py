@@ -28,6 +28,8 @@ HEADER_FIELDS = [
     (84, "I", "n_buffers"), (88, "Q", "arena_bytes"),
     # format 1.1
     (200, "I", "shared_ffn"), (204, "I", "dense_ffn"), (208, "f", "routed_scale"),
+    # format 1.2
+    (248, "Q", "xq_offset"),
 ]
 
 
@@ -59,17 +61,35 @@ def canonical_name(e: dict) -> str:
     return f"layers.{e['layer']}.{kind}"
 
 
+def is_q8(raw: bytes, e: dict) -> bool:
+    """FORMAT.md "Integer matmuls": a 1.2 blob with an xq buffer, an int8/int8c matrix, cols and group
+    size multiples of 32."""
+    h = header(raw)
+    return (h["version_minor"] >= 2 and h["xq_offset"] != 0 and e["dtype"] in (3, 4)
+            and e["cols"] % 32 == 0 and e["group_size"] % 32 == 0)
+
+
+def is_tiled(raw: bytes, e: dict) -> bool:
+    return is_q8(raw, e) and header(raw)["layout"] == 2
+
+
 def dequantize(raw: bytes, e: dict) -> np.ndarray:
     dt = ELEM[e["dtype"]]
     rows, cols = e["rows"], e["cols"]
+    tiled = is_tiled(raw, e)
+    stored = -(-rows // 16) * 16 if tiled else rows
     stride_elems = e["row_stride"] // dt.itemsize
-    data = np.frombuffer(raw, dtype=dt, count=rows * stride_elems, offset=e["data_off"])
-    w = data.reshape(rows, stride_elems)[:, :cols].astype(np.float32)
+    data = np.frombuffer(raw, dtype=dt, count=stored * stride_elems, offset=e["data_off"])
+    if tiled:  # tiles of 16 rows; per 4 columns, 4 bytes of each of the 16 rows
+        data = data.reshape(stored // 16, cols // 4, 16, 4).transpose(0, 2, 1, 3).reshape(stored, cols)
+    w = data.reshape(stored, stride_elems)[:rows, :cols].astype(np.float32)
     if e["dtype"] in (3, 4):
         g = e["group_size"]
         n_groups = -(-cols // g)
-        s = np.frombuffer(raw, dtype=SCALE[e["scale_dtype"]], count=rows * n_groups, offset=e["scale_off"])
-        s = s.reshape(rows, n_groups).astype(np.float32)
+        s = np.frombuffer(raw, dtype=SCALE[e["scale_dtype"]], count=stored * n_groups, offset=e["scale_off"])
+        if tiled:  # per tile and group, the 16 rows' scales
+            s = s.reshape(stored // 16, n_groups, 16).transpose(0, 2, 1)
+        s = s.reshape(stored, n_groups)[:rows].astype(np.float32)
         w = w * s[:, np.arange(cols) // g]
     if e["n_outliers"]:
         n = e["n_outliers"]
@@ -81,12 +101,33 @@ def dequantize(raw: bytes, e: dict) -> np.ndarray:
     return w
 
 
-def weights(path: Path) -> dict[str, np.ndarray]:
-    """Canonical name -> dequantized float32 weights (norms as vectors)."""
-    raw = Path(path).read_bytes()
-    out = {}
-    for e in entries(raw):
-        name = canonical_name(e)
-        w = dequantize(raw, e)
-        out[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias")) else w
-    return out
+class BlobWeights(dict):
+    """Canonical name -> dequantized float32 weights, and what the reference needs to compute as the
+    runtime does: which matrices take int8 activations (q8) and their int8c corrections."""
+
+    def __init__(self, raw: bytes) -> None:
+        super().__init__()
+        self._q8: set[str] = set()
+        self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for e in entries(raw):
+            name = canonical_name(e)
+            w = dequantize(raw, e)
+            self[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias")) else w
+            if is_q8(raw, e):
+                self._q8.add(name)
+            if e["n_outliers"]:
+                n = e["n_outliers"]
+                idx = np.cumsum(np.frombuffer(raw, dtype="<u2", count=n, offset=e["oidx_off"]).astype(np.int64))
+                val = np.frombuffer(raw, dtype="<f2", count=n, offset=e["oval_off"]).astype(np.float32)
+                self._corr[name] = (idx, val)
+
+    def q8(self, name: str) -> bool:
+        return name in self._q8
+
+    def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        return self._corr.get(name)
+
+
+def weights(path: Path) -> BlobWeights:
+    """Canonical name -> dequantized float32 weights (norms as vectors), with q8() and corrections()."""
+    return BlobWeights(Path(path).read_bytes())

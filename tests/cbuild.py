@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SRC = ROOT / "runtime_c" / "test"
-RUNTIME_SRC = [ROOT / "runtime_c" / "src" / s for s in ("colibri.c", "kernels.c", "cbmath.c")]
+RUNTIME_SRC = [ROOT / "runtime_c" / "src" / s for s in ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")]
 CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno",
           "-g", "-O1", "-fno-omit-frame-pointer", f"-I{ROOT / 'runtime_c' / 'include'}"]
 # The vector kernels the host build uses (AVX2 / AVX-512 / NEON); COLIBRI_SCALAR forces the scalar ones.
@@ -48,6 +48,11 @@ SEEDS = {
     "int8c_grouped_tied": (dict(layers=1, hidden=16, ffn=16, heads=2, kv_heads=1, experts=2, top_k=2, vocab=16,
                                 seed=25, tie=True, heavy_tail=True),
                            dict(quant="int8c", group_size=5, outlier_frac=0.1, max_seq=3)),
+    # format 1.2 integer matmuls: int8c in 16-row tiles (vocab 20: a part tile), int8 with groups in rows
+    "int8c_q8_tiled": (dict(layers=1, hidden=32, ffn=32, heads=2, kv_heads=1, experts=2, top_k=2, vocab=20,
+                            seed=26, heavy_tail=True), dict(quant="int8c", outlier_frac=0.05, max_seq=6)),
+    "int8_q8_rows": (dict(layers=1, hidden=64, ffn=32, heads=2, kv_heads=2, experts=2, top_k=1, vocab=18,
+                          seed=27, tie=True), dict(quant="int8", group_size=32, layout="rows", max_seq=4)),
     # the format 1.1 feature flags: q/k/v biases, gated shared expert and a dense layer (Qwen2-MoE), per-head
     # q/k norms (Qwen3-MoE), whole q/k norms without top-k renormalisation (OLMoE), ungated shared expert,
     # dense first layer and routed scale (DeepSeek-MoE)

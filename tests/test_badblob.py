@@ -113,6 +113,37 @@ def plan_outside_arena(b):
     return _put(b, 96 + 8 * 6, "Q", header(bytes(b))["arena_bytes"])
 
 
+# format 1.2 (integer matmuls): these mutate a blob with an xq buffer and tiled matrices
+def tiled_without_xq(b):
+    return _put(b, 248, "Q", 0)  # layout 2 needs the integer matmuls
+
+
+def xq_in_a_1_1_blob(b):
+    return _put(b, 6, "H", 1)
+
+
+def xq_on_a_buffer(b):
+    return _put(b, 248, "Q", struct.unpack_from("<Q", b, 96 + 8 * 2)[0])  # on top of x
+
+
+def xq_outside_arena(b):
+    return _put(b, 248, "Q", header(bytes(b))["arena_bytes"])
+
+
+def xq_misaligned(b):
+    return _put(b, 248, "Q", struct.unpack_from("<Q", b, 248)[0] + 4)
+
+
+def tiled_with_row_padding(b):
+    cols = struct.unpack_from("<I", b, entry_offset(3) + 12)[0]  # WQ of layer 0, a tiled matrix
+    return _put(b, entry_offset(3) + 16, "I", cols + 16)
+
+
+Q8_CASES = {f.__name__: (f, code) for f, code in [
+    (tiled_without_xq, "LAYOUT"), (xq_in_a_1_1_blob, "BAD_HEADER"), (xq_on_a_buffer, "BAD_PLAN"),
+    (xq_outside_arena, "BAD_PLAN"), (xq_misaligned, "BAD_PLAN"), (tiled_with_row_padding, "BAD_TENSOR"),
+]}
+
 CASES = {f.__name__: (f, code) for f, code in [
     (bad_magic, "BAD_MAGIC"), (bad_version, "VERSION"), (truncated, "TRUNCATED"),
     (length_mismatch, "TRUNCATED"), (crc_mismatch, "CRC"), (zero_dim, "BAD_HEADER"),
@@ -136,15 +167,32 @@ def test_sanitized_build_runs_clean(asan_build):
     assert res.stdout.startswith("tokens: ")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_blob_returns_its_code(case, asan_build, tmp_path):
-    mutate, code = CASES[case]
+@pytest.fixture(scope="module")
+def asan_q8_build(golden_ckpts, build_model):
+    """A model whose dims are multiples of 32 (integer matmuls, tiled), sanitized."""
+    return build_model(golden_ckpts["mixtral_f16"], "int8c", "host", "SANITIZE=address,undefined")
+
+
+def _expect_code(build, mutate, code, tmp_path):
+    raw = bytearray((build / "model.bin").read_bytes())
     blob = tmp_path / "bad.bin"
-    blob.write_bytes(bytes(mutate(bytearray((asan_build / "model.bin").read_bytes()))))
-    res = subprocess.run([asan_build / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
+    blob.write_bytes(bytes(mutate(raw)))
+    res = subprocess.run([build / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
     assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
     assert f"(status {E[code]})" in res.stderr, res.stderr
     assert "Sanitizer" not in res.stderr and "runtime error" not in res.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_blob_returns_its_code(case, asan_build, tmp_path):
+    _expect_code(asan_build, *CASES[case], tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(Q8_CASES))
+def test_bad_q8_blob_returns_its_code(case, asan_q8_build, tmp_path):
+    h = header((asan_q8_build / "model.bin").read_bytes())
+    assert (h["version_minor"], h["layout"]) == (2, 2) and h["xq_offset"], h  # the blob these cases mutate
+    _expect_code(asan_q8_build, *Q8_CASES[case], tmp_path)
 
 
 def _lib_and_blob(out):

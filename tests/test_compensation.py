@@ -13,7 +13,7 @@ from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
 
 from conftest import synth
-from q8_0 import BITS_PER_WEIGHT, q8_0_dequantized
+from q8_0 import BITS_PER_WEIGHT, Q8_0Weights
 
 HEAVY = {
     "heavy_a": dict(layers=2, hidden=128, ffn=256, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=5,
@@ -56,8 +56,7 @@ def test_int8c_beats_q8_0_at_no_more_bits(case, tmp_path, build_model):
 
     fp32 = Reference(c.spec, weights, max_seq=64)
     base = _stepwise(fp32.forward, fp32.reset, seqs)
-    q8 = Reference(c.spec, {n: w if _keeps_precision(n) else q8_0_dequantized(w) for n, w in weights.items()},
-                   max_seq=64)
+    q8 = Reference(c.spec, Q8_0Weights(weights, {n for n in weights if not _keeps_precision(n)}), max_seq=64)
     q8_err = _errors(base, _stepwise(q8.forward, q8.reset, seqs))
 
     out = build_model(ckpt, "int8c", "host", "GROUP_SIZE=64", "MAX_SEQ=64")

@@ -82,8 +82,7 @@ def test_host_matches_reference(family, quant, family_ckpts, build_model):
     out = build_model(ckpt, quant)
     h = header((out / "model.bin").read_bytes())
     assert (h["version_major"], h["version_minor"]) == (1, 1)
-    weights = None if quant == "f32" else {k: v for k, v in blob_weights(out / "model.bin").items()
-                                           if k != "rope_freq"}
+    weights = None if quant == "f32" else blob_weights(out / "model.bin")
     ref = _reference(ckpt, weights)
     want = [ref.forward(PROMPT)] + [ref.forward([t]) for t in PROMPT[:3]]
     ref.reset()
@@ -105,8 +104,7 @@ def test_target_matches_reference(family, target, quant, family_ckpts, build_mod
     require_target(target)
     ckpt = family_ckpts[family]
     out = build_model(ckpt, quant, target)
-    weights = None if quant == "f32" else {k: v for k, v in blob_weights(out / "model.bin").items()
-                                           if k != "rope_freq"}
+    weights = None if quant == "f32" else blob_weights(out / "model.bin")
     ref = _reference(ckpt, weights)
     want_logits = ref.forward(PROMPT)
     ref.reset()

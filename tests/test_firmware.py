@@ -46,7 +46,8 @@ def small_ckpt(tmp_path_factory) -> Path:
 
 
 def _gen(out: Path, quant: str) -> Path:
-    return out.parent.parent / "gen" / out.name / quant
+    """The export a firmware build used: firmware targets take the row layout (build/gen/<m>/<q>-rows)."""
+    return out.parent.parent / "gen" / out.name / f"{quant}-rows"
 
 
 def _model_h(out: Path, quant: str) -> dict[str, str]:
@@ -69,7 +70,7 @@ def _expected_tokens(ckpt: Path, out: Path, quant: str) -> list[int]:
     if quant == "f32":
         w = {name: c.get(name) for name in canonical_names(c.spec)}
     else:  # exactly the weights the C runtime computes with
-        w = {k: v for k, v in blob_weights(_gen(out, quant) / "model.bin").items() if k != "rope_freq"}
+        w = blob_weights(_gen(out, quant) / "model.bin")
     return Reference(c.spec, w, max_seq=max_seq).generate(prompt, n)
 
 
@@ -160,7 +161,7 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     flash = {c["key"]: c["flash"] for c in audit["categories"]}
     runtime_text = sum(s["bytes"] for s in audit["symbols"] if s["category"] == "runtime" and s["section"] == ".text")
     code = flash["runtime"] + flash["generated"] + flash["app"]
-    objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "cbmath")]
+    objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "kernels_q8", "cbmath")]
     size = subprocess.run(["arm-none-eabi-size", *objects], capture_output=True, text=True, check=True).stdout
     objects_text = sum(int(line.split()[0]) for line in size.splitlines()[1:])
     print(f"\nstm32h7 -Os: runtime .text {runtime_text} B in the image ({objects_text} B in the objects"
@@ -185,7 +186,7 @@ def test_over_budget_model_fails_naming_region_and_overflow(tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model too_big does not fit: FLASH overflowed by (\d+) bytes "
                      r"\(region 2097152 bytes, flash budget 2097152\)", lines[0])
     assert m, lines[0]
-    blob = (build / "gen" / "too_big" / "f32" / "model.bin").stat().st_size
+    blob = (build / "gen" / "too_big" / "f32-rows" / "model.bin").stat().st_size
     assert 0 < blob - 2097152 < int(m.group(1)) < blob - 2097152 + 64 * 1024  # weights + code - budget
     out = build / "stm32h7" / "too_big"
     left = [p.name for p in out.iterdir() if p.suffix in (".elf", ".bin", ".hex", ".map")] if out.is_dir() else []
@@ -203,7 +204,7 @@ def test_arena_over_its_sram_fails_naming_region(small_ckpt, tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model fw_small does not fit: AXI_SRAM overflowed by (\d+) bytes "
                      r"\(region 524288 bytes, ram budget 1048576\)", lines[0])
     assert m, lines[0]
-    h = (build / "gen" / "fw_small" / "int8c" / "model.h").read_text()
+    h = (build / "gen" / "fw_small" / "int8c-rows" / "model.h").read_text()
     arena = int(re.search(r"#define COLIBRI_ARENA_SIZE (\d+)u", h).group(1))
     assert int(m.group(1)) == arena - 524288  # the arena alone fills that SRAM
     assert not list((build / "stm32h7" / "fw_small").glob("*.elf"))

@@ -5,6 +5,8 @@ runtime_c/test/kernels_test.c is compiled with each Linux target's compiler and 
 riscv64-rvv build runs at three vector lengths, since RVV code must not assume one.
 The program compares cb_matvec (the ISA path the target's flags select) with
 cb_matvec_scalar on random matrices of every weight type and many shapes; see its header.
+runtime_c/test/kernels_q8_test.c does the same for the integer matmuls (bit for bit, both layouts,
+and against their definition).
 """
 
 from __future__ import annotations
@@ -18,25 +20,32 @@ from colibri.toolchain.cli import runner_argv
 from colibri.toolchain.targets import all_targets, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = [ROOT / "runtime_c" / p for p in ("test/kernels_test.c", "src/kernels.c", "src/cbmath.c")]
+CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+KERNELS = [ROOT / "runtime_c" / "src" / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
+PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
+            "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c"}
 FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-O2", "-g"]
 LINUX = [t.name for t in all_targets() if t.kind == "linux"]
 # the ISA path each target's flags must select ("avx512" or "avx2" for host, by this CPU)
 EXPECT = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon", "rpi-armv7": "neon",
           "riscv64-rvv": "rvv", "riscv64": "scalar"}
+# the integer path: VNNI where the CPU has it (host), PMADDUBSW on x86-64-v3, SDOT on rpi5
+EXPECT_Q8 = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon-dotprod", "rpi-armv7": "neon",
+             "riscv64-rvv": "rvv", "riscv64": "scalar"}
 RVV_VLEN = (128, 256, 512)
 
 
-def _build(target: str, out: Path, *extra: str) -> Path:
+def _build(target: str, out: Path, *extra: str, program: str = "kernels_test") -> Path:
     t = load_target(target)
     missing = t.missing(run=True)
     if missing:
         pytest.skip(f"{target}: {', '.join(missing)} not installed ({t.install_hint()})")
     if t.cpu_missing():
         pytest.skip(f"{target}: this CPU lacks {', '.join(t.cpu_missing())}")
-    exe = out / f"kernels_test-{target}"
+    exe = out / f"{program}-{target}"
     static = ["-static"] if t.runner else []
-    subprocess.run([*t.cc_argv, *FLAGS, *t.cflags, *extra, *map(str, SRC), "-o", str(exe), *static, "-lm"],
+    src = [PROGRAMS[program], *KERNELS]
+    subprocess.run([*t.cc_argv, *FLAGS, *t.cflags, *extra, *map(str, src), "-o", str(exe), *static, "-lm"],
                    check=True, capture_output=True, text=True)
     return exe
 
@@ -47,25 +56,39 @@ def _run(argv: list[str]) -> str:
     return res.stdout.strip()
 
 
-@pytest.mark.parametrize("target", LINUX)
-def test_simd_matches_scalar(target, tmp_path):
-    exe = _build(target, tmp_path)
+def _run_all_vlens(target: str, exe: Path) -> list[str]:
     argvs = [runner_argv(target, str(exe))]
     if target == "riscv64-rvv":  # the target's runner fixes vlen=128; RVV code must not assume it
         argvs = [[a if not a.startswith("rv64,") else f"rv64,v=true,vlen={v}" for a in argvs[0]] for v in RVV_VLEN]
-    for argv in argvs:
-        line = _run(argv)
+    return [_run(argv) for argv in argvs]
+
+
+@pytest.mark.parametrize("target", LINUX)
+def test_simd_matches_scalar(target, tmp_path):
+    for line in _run_all_vlens(target, _build(target, tmp_path)):
         isa = line.split()[1].rstrip(":")
         assert isa == EXPECT.get(target, isa) and (target != "host" or isa != "scalar"), line
         assert "cases" in line
 
 
+@pytest.mark.parametrize("target", LINUX)
+def test_integer_kernels_match_scalar(target, tmp_path):
+    for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q8_test")):
+        isa = line.split()[1].rstrip(":")
+        want = EXPECT_Q8.get(target) or ("avx512vnni" if "avx512_vnni" in CPU_FLAGS else "avx2")
+        assert line.startswith("kernels_q8_test ") and isa == want, line
+        assert int(line.split()[2]) > 200, line
+
+
 def test_forced_scalar_is_scalar(tmp_path):
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR")
     assert _run([str(exe)]).startswith("kernels_test scalar:")
+    exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q8_test")
+    assert _run([str(exe)]).startswith("kernels_q8_test scalar:")
 
 
 def test_simd_reads_nothing_beyond_its_rows(tmp_path):
     """With ASan the matrices and vectors are exact-size heap blocks: an over-read traps."""
-    exe = _build("host", tmp_path, "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
-    _run([str(exe)])
+    for program in PROGRAMS:
+        exe = _build("host", tmp_path, "-fsanitize=address,undefined", "-fno-sanitize-recover=all", program=program)
+        _run([str(exe)])

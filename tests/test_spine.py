@@ -56,7 +56,7 @@ def test_int8c_greedy_and_error_bound(case, golden_ckpts, build_model):
     out = build_model(ckpt, "int8c")
     manifest = json.loads((out / "manifest.json").read_text())
     src, spec = _source_weights(ckpt)
-    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    deq = blob_weights(out / "model.bin")
     prompt = _prompt(spec.vocab)
     ref_q = Reference(spec, deq, max_seq=256)
     want_tokens = ref_q.generate(prompt, N_GREEDY)
@@ -88,7 +88,7 @@ def test_other_quants_run_and_track_reference(quant, golden_ckpts, build_model):
     ckpt = golden_ckpts["mixtral_f16"]
     out = build_model(ckpt, quant)
     spec = open_checkpoint(ckpt).spec
-    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    deq = blob_weights(out / "model.bin")
     ref = Reference(spec, deq, max_seq=256)
     want = ref.forward(_prompt(spec.vocab))
     got = load(out / "model.bin").forward(_prompt(spec.vocab))
@@ -145,7 +145,7 @@ def test_sparse_far_apart_corrections(tmp_path, build_model):
     embed = entries(raw)[0]
     gaps = np.frombuffer(raw, dtype="<u2", count=embed["n_outliers"], offset=embed["oidx_off"])
     assert embed["n_outliers"] >= 2 and gaps.max() == 0xFFFF, "expected filler entries in the embedding"
-    deq = {k: v for k, v in blob_weights(out / "model.bin").items() if k != "rope_freq"}
+    deq = blob_weights(out / "model.bin")
     ref = Reference(spec, deq, max_seq=256)
     for how, m in _models(out).items():
         ref.reset()

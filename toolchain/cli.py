@@ -36,7 +36,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     opts = ExportOptions(
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
-        prefill_block=a.prefill_block,
+        prefill_block=a.prefill_block, layout=a.layout,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
     )
     res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
@@ -128,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..32 (more arena, faster prefill; "
                         "0: as many as keep those buffers within the KV cache's size)")
+    e.add_argument("--layout", default="tiled16", choices=["tiled16", "rows"],
+                   help="order of the int8 matrices: 16-row tiles for SIMD kernels (x86, NEON, RVV), rows for "
+                        "microcontrollers (MVE, DSP); `colibri build` takes the target's")
     e.add_argument("--prompt", type=_tokens, default=None,
                    help="built-in prompt token ids (default: the checkpoint's colibri.json, else 3,17,42)")
     e.add_argument("--generate", type=int, default=0,

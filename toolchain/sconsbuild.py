@@ -1,6 +1,6 @@
 """The build graph behind SConstruct: export once, compile for many targets.
 
-Generated sources go to build/gen/<model>/<quant>/, everything a target
+Generated sources go to build/gen/<model>/<quant>[-rows]/, everything a target
 builds to build/<target>/<model>/ (build/<target>-<sanitizers>/<model>/ with
 SANITIZE). SConstruct only calls build_all(); the rules live here.
 """
@@ -28,7 +28,7 @@ from .size.command import post_link
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
-RUNTIME_SRC = ("colibri.c", "kernels.c", "cbmath.c")
+RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
 DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
 EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")
@@ -77,6 +77,11 @@ def _export_action(target, source, env):  # noqa: ARG001 - SCons action signatur
         print(f"colibri: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def gen_dir(quant: str, layout: str) -> str:
+    """build/gen/<model>/<this>: the quantization, and the layout when it is not the Linux one."""
+    return quant if layout == "tiled16" else f"{quant}-{layout}"
 
 
 def _export(env, ckpt: Path, gen: Path, opts: dict):
@@ -244,9 +249,13 @@ def build_all(arguments: dict) -> None:
     base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
         base.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
-    gen = _export(base, ckpt, build / "gen" / name / quant, opts)
+    gens: dict[str, dict] = {}  # one export per layout the targets' kernels want
     outputs = []
     for t in _targets(target_arg):
+        if t.layout not in gens:
+            gens[t.layout] = _export(base, ckpt, build / "gen" / name / gen_dir(quant, t.layout),
+                                     {**opts, "layout": t.layout})
+        gen = gens[t.layout]
         suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
         suffix += "-scalar" if kernels == "scalar" else ""
         out = build / f"{t.name}{suffix}" / name

@@ -32,6 +32,12 @@ class Target:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
+    def layout(self) -> str:
+        """How the exporter orders int8 matrices for this target's kernels (codegen/layout.py): 16-row
+        tiles for the SIMD paths of Linux targets, rows for microcontrollers (MVE, DSP, scalar)."""
+        return str(self.extra.get("layout", "tiled16" if self.kind == "linux" else "rows"))
+
+    @property
     def cc_argv(self) -> list[str]:
         return self.cc.split()
 

@@ -28,7 +28,22 @@ uint32_t cb_crc32(uint32_t crc, const uint8_t *p, size_t n); /* zlib.crc32(p, cr
 #define cb_sqrtf(x) sqrtf(x)
 #endif
 
-/* In the header because the F16 kernels call it once per weight. */
+/* In the header because the F16 kernels call it once per weight. Every f16 is exactly an f32, so the
+ * hardware conversion (F16C, AArch64) gives the same bits as the portable code below. */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float cb_f16_to_f32(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+#elif defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
+static inline float cb_f16_to_f32(uint16_t h)
+{
+    __fp16 v;
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
+}
+#else
 static inline float cb_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -42,5 +57,6 @@ static inline float cb_f16_to_f32(uint16_t h)
     memcpy(&f, &bits, sizeof f);
     return f;
 }
+#endif
 
 #endif /* CB_MATH_H */

@@ -33,6 +33,8 @@
 #define CB_ALIGN 64u
 #define CB_ROW_ALIGN 16u
 #define CB_LAYOUT_ROWMAJOR16 1u
+#define CB_LAYOUT_TILED16 2u /* format 1.2: q8 matrices in 16-row tiles (FORMAT.md "Integer matmuls") */
+#define CB_H_XQ 248u         /* format 1.2: arena offset of the int8 activations; 0 in older blobs */
 #define CB_FLAG_TIED 1u
 /* format 1.1 feature flags (FORMAT.md "Feature flags"); a 1.0 blob has none of them */
 #define CB_FLAG_QKV_BIAS (1u << 1)
@@ -89,6 +91,8 @@ typedef struct cb_model {
     uint32_t flags, shared_ffn, dense_ffn, n_buffers; /* format 1.1; 0, 0, 0, 11 for a 1.0 blob */
     float routed_scale;                               /* 1 unless CB_FLAG_ROUTED_SCALE */
     uint32_t block;                                   /* prefill block: tokens the buffers hold, 1..CB_MAX_BLOCK */
+    uint32_t layout;                                  /* CB_LAYOUT_* */
+    uint64_t xq_off;                                  /* format 1.2: nonzero when the model has q8 matmuls */
 } cb_model;
 
 struct colibri_ctx {
@@ -209,6 +213,19 @@ static void cb_buffer_elems(const cb_model *m, uint64_t n[CB_N_BUFFERS])
     n[B_XGATE] = n[B_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
 }
 
+/* Bytes of one token's quantized activations (codegen/layout.py xq_row_bytes): q for the widest matrix
+ * input in whole blocks, its block scales, its block sums, each part 64-byte aligned. */
+static uint64_t cb_xq_row_bytes(const cb_model *m)
+{
+    uint64_t k = m->hidden, qdim = cb_mul(m->n_heads, m->head_dim);
+    k = qdim > k ? qdim : k;
+    k = m->ffn > k ? m->ffn : k;
+    k = m->shared_ffn > k ? m->shared_ffn : k;
+    k = m->dense_ffn > k ? m->dense_ffn : k;
+    uint64_t blocks = k / CB_ACT_BLOCK + (k % CB_ACT_BLOCK != 0);
+    return cb_add(cb_align64(cb_mul(blocks, CB_ACT_BLOCK)), cb_mul(2, cb_align64(cb_mul(blocks, 4))));
+}
+
 /* ------------------------------------------------------------ validation */
 
 #define CB_TRY(call) do { colibri_status st_ = (call); if (st_ != COLIBRI_OK) return st_; } while (0)
@@ -239,8 +256,9 @@ static colibri_status cb_check_features(const uint8_t *b, cb_model *m, uint32_t 
     for (uint32_t off = 96 + 8 * m->n_buffers; off < CB_H_SHARED_FFN; off++)
         if (b[off])
             return COLIBRI_E_BAD_HEADER;
-    if (rd64(b + 248) != 0)
-        return COLIBRI_E_BAD_HEADER;
+    m->xq_off = rd64(b + CB_H_XQ);
+    if (m->xq_off != 0 && rd16(b + 6) < 2)
+        return COLIBRI_E_BAD_HEADER; /* the xq buffer is 1.2 */
     m->block = rd32(b + CB_H_PREFILL_BLOCK);
     if (m->block > CB_MAX_BLOCK)
         return COLIBRI_E_BAD_HEADER;
@@ -303,7 +321,8 @@ static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
     if (cb_mul(elems[B_KEY], 4) >= SIZE_MAX || cb_mul(elems[B_Q], 4) >= SIZE_MAX || rd64(b + 88) >= SIZE_MAX
         || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
         return COLIBRI_E_BAD_HEADER;
-    if (rd32(b + 32) != CB_LAYOUT_ROWMAJOR16)
+    m->layout = rd32(b + 32);
+    if (m->layout != CB_LAYOUT_ROWMAJOR16 && !(m->layout == CB_LAYOUT_TILED16 && m->xq_off))
         return COLIBRI_E_LAYOUT;
 #ifdef COLIBRI_SPECIALISED
     if (m->vocab != COLIBRI_VOCAB || m->hidden != COLIBRI_HIDDEN || m->n_layers != COLIBRI_N_LAYERS
@@ -321,7 +340,14 @@ typedef struct cb_walk {
     const uint8_t *blob;
     uint64_t blob_bytes, header_bytes;
     size_t index;
+    const cb_model *m;
 } cb_walk;
+
+/* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. */
+static int cb_is_q8(const cb_model *m, unsigned dtype, uint64_t cols, uint64_t group)
+{
+    return m->xq_off && (dtype == CB_I8 || dtype == CB_I8C) && cols % CB_ACT_BLOCK == 0 && group % CB_ACT_BLOCK == 0;
+}
 
 static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, uint32_t expert,
                                      uint64_t rows, uint64_t cols, unsigned dtypes)
@@ -330,13 +356,16 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
     unsigned dtype = e[6], scale_dtype = e[7];
     uint64_t stride = rd32(e + 16), group = rd32(e + 20), n_out = rd32(e + 24);
     int quantised = dtype == CB_I8 || dtype == CB_I8C;
+    int tiled = w->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(w->m, dtype, cols, group);
+    /* a tiled matrix: rows padded to whole tiles, no row padding, scales tiled the same way */
+    uint64_t stored_rows = tiled ? (rows + CB_TILE_ROWS - 1) / CB_TILE_ROWS * CB_TILE_ROWS : rows;
 
     if (rd16(e) != kind || rd16(e + 2) != layer || rd16(e + 4) != expert || rd32(e + 8) != rows
         || rd32(e + 12) != cols)
         return COLIBRI_E_BAD_TENSOR;
     if (dtype < CB_F32 || dtype > CB_I8C || !(dtypes & DT(dtype)))
         return COLIBRI_E_BAD_TENSOR;
-    if (stride < cb_mul(cols, cb_elem_bytes(dtype)) || stride % CB_ROW_ALIGN != 0)
+    if (stride < cb_mul(cols, cb_elem_bytes(dtype)) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))
         return COLIBRI_E_BAD_TENSOR;
     /* group_size means nothing to F32/F16 and is not checked there */
     if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || group > cols
@@ -346,8 +375,8 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
         return COLIBRI_E_BAD_TENSOR;
 
     /* data, scales, outlier indices, outlier values: "0 if none", else 64-aligned and inside the payload */
-    uint64_t n_scales = quantised ? cb_mul(rows, cb_ceil_div(cols, group)) : 0;
-    uint64_t len[4] = {cb_mul(rows, stride), cb_mul(n_scales, cb_elem_bytes(scale_dtype)), n_out * 2, n_out * 2};
+    uint64_t n_scales = quantised ? cb_mul(stored_rows, cb_ceil_div(cols, group)) : 0;
+    uint64_t len[4] = {cb_mul(stored_rows, stride), cb_mul(n_scales, cb_elem_bytes(scale_dtype)), n_out * 2, n_out * 2};
     for (int i = 0; i < 4; i++) {
         uint64_t off = rd64(e + 32 + 8 * i);
         if (len[i] == 0 && off != 0)
@@ -372,7 +401,7 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
 
 static colibri_status cb_check_tensors(const uint8_t *b, uint64_t len, const cb_model *m)
 {
-    cb_walk w = {b, len, rd32(b + 12), 0};
+    cb_walk w = {b, len, rd32(b + 12), 0, m};
     uint64_t d = m->hidden, qdim = (uint64_t)m->n_heads * m->head_dim, kvdim = (uint64_t)m->n_kv_heads * m->head_dim;
     if (rd32(b + 24) != cb_n_tensors(b, m))
         return COLIBRI_E_BAD_TENSOR;
@@ -434,6 +463,14 @@ static colibri_status cb_check_plan(const uint8_t *b, const cb_model *m)
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)
             return COLIBRI_E_BAD_PLAN;
     }
+    if (m->xq_off) { /* live through every step: it overlaps no buffer */
+        uint64_t xq_end = cb_add(m->xq_off, cb_mul(m->block, cb_xq_row_bytes(m)));
+        if (m->xq_off % CB_ALIGN != 0 || m->xq_off < CB_CTX_BYTES || xq_end > arena)
+            return COLIBRI_E_BAD_PLAN;
+        for (int i = 0; i < n_buffers; i++)
+            if (off[i] < xq_end && m->xq_off < off[i] + bytes[i])
+                return COLIBRI_E_BAD_PLAN;
+    }
     for (int i = 0; i < n_buffers; i++)
         for (int j = i + 1; j < n_buffers; j++) {
             int live_together = cb_lifetime[i][0] <= cb_lifetime[j][1] && cb_lifetime[j][0] <= cb_lifetime[i][1];
@@ -473,6 +510,8 @@ static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
         .scale_dtype = e[7],
     };
     t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
+    t.q8 = (uint8_t)cb_is_q8(&c->m, t.dtype, t.cols, t.group_size);
+    t.tiled = (uint8_t)(t.q8 && c->m.layout == CB_LAYOUT_TILED16);
     return t;
 }
 
@@ -488,6 +527,8 @@ static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n te
 typedef struct cb_mm_job {
     const cb_tensor *t;
     size_t n, n_tasks;
+    const cb_xq *xq; /* q8 tensors: the tokens' int8 activations */
+    int scalar;      /* float matrices of a 1.2 blob: the scalar kernel (see cb_mm) */
     const float *const *x;
     float *const *y;
     const float *alpha;
@@ -496,15 +537,19 @@ typedef struct cb_mm_job {
 
 static size_t cb_mm_row(const cb_mm_job *j, size_t i)
 {
-    size_t rows = j->t->rows;
-    return i >= j->n_tasks ? rows : (size_t)((uint64_t)rows * i / j->n_tasks) & ~(size_t)3;
+    size_t rows = j->t->rows, unit = j->t->q8 ? CB_TILE_ROWS : 4;
+    return i >= j->n_tasks ? rows : (size_t)((uint64_t)rows * i / j->n_tasks) / unit * unit;
 }
 
 static void cb_mm_task(void *job, size_t i)
 {
     const cb_mm_job *j = (const cb_mm_job *)job;
     size_t r0 = cb_mm_row(j, i), r1 = cb_mm_row(j, i + 1);
-    if (r0 < r1)
+    if (r0 < r1 && j->xq)
+        cb_matmul_q8(j->t, r0, r1, j->n, j->xq, j->x, j->y, j->alpha, j->accumulate);
+    else if (r0 < r1 && j->scalar)
+        cb_matmul_scalar(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
+    else if (r0 < r1)
         cb_matmul(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
 }
 
@@ -516,15 +561,35 @@ static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *
                   const float *alpha, int accumulate)
 {
     cb_tensor t = cb_tensor_at(c, i);
+    cb_xq xq[CB_MAX_BLOCK];
+    if (t.q8) { /* quantize each token once, before any split: every task reads the same int8 rows */
+        size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = t.cols / CB_ACT_BLOCK;
+        size_t q_bytes = (size_t)cb_align64(blocks * CB_ACT_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
+        for (size_t j = 0; j < n; j++) {
+            /* the context is at arena offset 0, the xq buffer at xq_off: block rows of row bytes */
+            int8_t *q = (int8_t *)(uintptr_t)c + c->m.xq_off + j * row;
+            float *d = (float *)(void *)(q + q_bytes);
+            int32_t *s = (int32_t *)(void *)(q + q_bytes + d_bytes);
+            cb_quantize_q8(x[j], t.cols, q, d, s);
+            xq[j].q = q;
+            xq[j].d = d;
+            xq[j].s = s;
+        }
+    }
 #ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
-    size_t tasks = c->parallel_tasks < t.rows / 4 ? c->parallel_tasks : t.rows / 4;
+    size_t unit = t.q8 ? CB_TILE_ROWS : 4, tasks = c->parallel_tasks < t.rows / unit ? c->parallel_tasks : t.rows / unit;
     if (c->parallel_for && tasks > 1 && (uint64_t)t.rows * t.cols * n >= CB_PARALLEL_MIN_MACS) {
-        cb_mm_job job = {&t, n, tasks, x, y, alpha, accumulate};
+        cb_mm_job job = {&t, n, tasks, t.q8 ? xq : NULL, c->m.xq_off != 0, x, y, alpha, accumulate};
         c->parallel_for(cb_mm_task, &job, tasks, c->parallel_user);
         return;
     }
 #endif
-    cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
+    if (t.q8)
+        cb_matmul_q8(&t, 0, t.rows, n, xq, x, y, alpha, accumulate);
+    else if (c->m.xq_off) /* the router: scalar, so a 1.2 blob's forward pass is the same bits everywhere */
+        cb_matmul_scalar(&t, 0, t.rows, n, x, y, alpha, accumulate);
+    else
+        cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
 }
 
 /* one token: y = (accumulate ? y : 0) + alpha * W x */

@@ -37,9 +37,10 @@ float cb_dot(const float *a, const float *b, size_t n)
     return s;
 }
 
-static float cb_scale(const cb_tensor *t, size_t r, size_t g)
+float cb_scale(const cb_tensor *t, size_t r, size_t g)
 {
-    size_t i = r * t->n_groups + g;
+    size_t i = t->tiled ? ((r / CB_TILE_ROWS) * t->n_groups + g) * CB_TILE_ROWS + r % CB_TILE_ROWS
+                        : r * t->n_groups + g;
     if (t->scale_dtype == CB_F32)
         return ((const float *)(const void *)t->scales)[i];
     return cb_f16_to_f32(((const uint16_t *)(const void *)t->scales)[i]);
@@ -73,12 +74,7 @@ static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
 /* The outlier walk: (k, idx) is the next outlier and its flat index. Outliers are sorted, so one
  * pass serves all rows; cb_outl_seek starts a row range, cb_outl_add adds one row's corrections
  * to one token's dot and returns where the next row's start. */
-typedef struct cb_outl {
-    size_t k;
-    uint64_t idx;
-} cb_outl;
-
-static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
+cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
 {
     while (o.k < t->n_outliers && o.idx < row_end)
         if (++o.k < t->n_outliers)
@@ -86,7 +82,7 @@ static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
     return o;
 }
 
-static cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat)
+cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat)
 {
     cb_outl o = {0, t->n_outliers ? t->ogap[0] : 0};
     return cb_outl_skip(t, o, flat);
@@ -105,8 +101,8 @@ static cb_outl cb_outl_add(const cb_tensor *t, cb_outl o, uint64_t row_start, co
 }
 
 /* y_j[r] for one row r and token j from its dot without outliers; returns the walk past row r */
-static cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
-                         int accumulate)
+cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
+                  int accumulate)
 {
     o = cb_outl_add(t, o, (uint64_t)r * t->cols, x, &dot);
     float v = alpha * dot;
@@ -404,11 +400,13 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
             out[c] = cb_f16_to_f32(((const uint16_t *)row)[c]);
     } else {
         const int8_t *q = (const int8_t *)row;
+        /* a tiled row: its four bytes of column group c / 4 sit at 64 * (c / 4) + 4 * (r % 16) in its tile */
+        const int8_t *tq = (const int8_t *)t->data + (r / CB_TILE_ROWS) * CB_TILE_ROWS * cols + 4 * (r % CB_TILE_ROWS);
         for (size_t g = 0, c = 0; g < t->n_groups; g++) {
             size_t end = c + t->group_size < cols ? c + t->group_size : cols;
             float s = cb_scale(t, r, g);
             for (; c < end; c++)
-                out[c] = s * (float)q[c];
+                out[c] = s * (float)(t->tiled ? tq[16 * (c & ~(size_t)3) + (c & 3)] : q[c]);
         }
     }
     /* this row's outliers: the gaps are a running sum, so walk from the first one */

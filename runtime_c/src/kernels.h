@@ -28,6 +28,8 @@ typedef struct cb_tensor {
     const uint16_t *oval;  /* n_outliers f16 corrections */
     uint32_t rows, cols, row_stride, group_size, n_groups, n_outliers;
     uint8_t dtype, scale_dtype;
+    uint8_t q8;    /* multiplied with int8 activations: cb_matmul_q8 (format 1.2, FORMAT.md "Integer matmuls") */
+    uint8_t tiled; /* q8 and stored in 16-row tiles (layout 2); else row-major */
 } cb_tensor;
 
 float cb_dot(const float *a, const float *b, size_t n);
@@ -51,6 +53,49 @@ void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const 
 
 /* The path cb_matvec takes: "scalar", "avx512", "avx2", "neon", "rvv". */
 const char *cb_kernels_isa(void);
+
+/* ---- integer matmuls (FORMAT.md "Integer matmuls") ----
+ * A q8 tensor (I8/I8C, cols and group_size multiples of CB_ACT_BLOCK) is multiplied with activations
+ * quantized per token: block b of CB_ACT_BLOCK values gets d[b] = max|x| / 127 and
+ * q[k] = round-half-away(x[k] * 127 / max|x|) in [-127, 127]; s[b] = sum of the block's q.
+ * For row r and token j, with isum_b the exact int32 dot of the row's block b with q,
+ *   acc = 0; for b in order: acc += ((float)isum_b * d[b]) * scale[r][g(b)]   (three roundings, no FMA)
+ * then the row's corrections are added in float (acc += oval * x[idx], as cb_matvec) and
+ *   y[j][r] = (accumulate ? y[j][r] : 0) + alpha[j] * acc.
+ * Integer sums are exact in any order, and the float steps run per row in block order in every ISA
+ * path, so every path gives the scalar one's result bit for bit. */
+#define CB_ACT_BLOCK 32u
+#define CB_TILE_ROWS 16u
+
+typedef struct cb_xq {
+    const int8_t *q;  /* cols values (the matrix's), padded to whole blocks with zeros */
+    const float *d;   /* per block */
+    const int32_t *s; /* per block */
+} cb_xq;
+
+/* x[0, n) -> q, d, s of ceil(n / CB_ACT_BLOCK) blocks (q zero-padded to whole blocks) */
+void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s);
+
+/* cb_matmul for a q8 tensor; xq[j] are the x[j] quantized. Rows [r0, r1) with r0 and r1 multiples of
+ * CB_TILE_ROWS or r1 == rows. */
+void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq, const float *const *x,
+                  float *const *y, const float *alpha, int accumulate);
+void cb_matmul_q8_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
+                         const float *const *x, float *const *y, const float *alpha, int accumulate);
+
+/* The path cb_matmul_q8 takes: "scalar", "avx512vnni", "avx2", "neon", "neon-dotprod", "rvv", "mve", "dsp". */
+const char *cb_kernels_q8_isa(void);
+
+/* The row corrections of int8c (shared with kernels_q8.c): y_j[r] from the row's dot without them. */
+typedef struct cb_outl {
+    size_t k;
+    uint64_t idx;
+} cb_outl;
+cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat);
+cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end);
+cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
+                  int accumulate);
+float cb_scale(const cb_tensor *t, size_t r, size_t g);
 
 /* out[c] = W[r][c]: one dequantized row (the embedding lookup). */
 void cb_dequant_row(const cb_tensor *t, size_t r, float *out);

@@ -1,0 +1,89 @@
+"""How int8 weights are arranged for the target's kernels, and the activation scratch they need.
+
+Format 1.2 (runtime_c/FORMAT.md "Integer matmuls"): an int8/int8c matrix whose columns and scale
+groups are multiples of ACT_BLOCK is multiplied with int8 activations, quantized per token in blocks
+of ACT_BLOCK with one f32 scale each, and exact int32 dot products; such a matrix is "q8". The kernels
+of a target want its bytes in one of two orders, recorded in the blob header:
+
+- "rows": row-major, as every other tensor (best for reductions into a scalar: Cortex-M MVE's
+  VMLADAVA, the Cortex-M DSP's SMLAD, plain C);
+- "tiled16": tiles of TILE_ROWS rows; within a tile, for every group of four columns, the four bytes
+  of row 0, then of row 1, ..., row 15 (64 bytes). A vector of int32 lanes then holds one row per lane
+  and a 4-byte dot product per lane (x86 VPDPBUSD/PMADDUBSW, Arm SDOT, RVV widening multiply-add)
+  accumulates sixteen rows at once with one broadcast of the activations. Rows are padded to a multiple
+  of TILE_ROWS with zero weights and zero scales; the scales are tiled the same way: for tile t and
+  group g, the scales of its sixteen rows in row order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .spec import ModelSpec
+
+ACT_BLOCK = 32
+TILE_ROWS = 16
+TILE_COLS = 4
+LAYOUTS = {"rows": 1, "tiled16": 2}
+DEFAULT_LAYOUT = "tiled16"
+
+
+def effective_group(cols: int, group_size: int) -> int:
+    """The group size a tensor is stored with (quantize(): 0 or >= cols means one group per row)."""
+    return cols if group_size <= 0 or group_size >= cols else group_size
+
+
+def is_q8(dtype: str, cols: int, group_size: int) -> bool:
+    """Whether the kernels multiply this tensor with int8 activations (group_size as stored)."""
+    return dtype in ("int8", "int8c") and cols % ACT_BLOCK == 0 and group_size % ACT_BLOCK == 0
+
+
+def matmul_cols(spec: ModelSpec) -> list[int]:
+    """Input widths of every weight matrix of the model."""
+    return [c for c in (spec.hidden, spec.n_heads * spec.head_dim, spec.ffn, spec.shared_ffn, spec.dense_ffn) if c]
+
+
+def uses_q8(spec: ModelSpec, quant: str, group_size: int) -> bool:
+    return any(is_q8(quant, c, effective_group(c, group_size)) for c in matmul_cols(spec))
+
+
+def xq_row_bytes(spec: ModelSpec) -> int:
+    """Bytes of one token's quantized activations: int8 values, f32 block scales, i32 block sums,
+    each part 64-byte aligned, sized for the widest matrix input (the runtime's cb_xq_row_bytes)."""
+    k = -(-max(matmul_cols(spec)) // ACT_BLOCK) * ACT_BLOCK
+    blocks = k // ACT_BLOCK
+
+    def a64(n: int) -> int:
+        return -(-n // 64) * 64
+
+    return a64(k) + 2 * a64(4 * blocks)
+
+
+def padded_rows(rows: int) -> int:
+    return -(-rows // TILE_ROWS) * TILE_ROWS
+
+
+def tile(q: np.ndarray) -> np.ndarray:
+    """(rows, cols) int8 -> the tiled16 byte order, rows padded with zeros; cols % TILE_COLS == 0."""
+    rows, cols = q.shape
+    p = np.zeros((padded_rows(rows), cols), dtype=q.dtype)
+    p[:rows] = q
+    return np.ascontiguousarray(p.reshape(-1, TILE_ROWS, cols // TILE_COLS, TILE_COLS).transpose(0, 2, 1, 3))
+
+
+def tile_scales(s: np.ndarray) -> np.ndarray:
+    """(rows, n_groups) scales -> per tile, per group, the tile's sixteen rows; padded rows scale 0."""
+    rows, groups = s.shape
+    p = np.zeros((padded_rows(rows), groups), dtype=s.dtype)
+    p[:rows] = s
+    return np.ascontiguousarray(p.reshape(-1, TILE_ROWS, groups).transpose(0, 2, 1))
+
+
+def untile(t: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The inverse of tile() (for readers of the blob)."""
+    q = t.reshape(-1, cols // TILE_COLS, TILE_ROWS, TILE_COLS).transpose(0, 2, 1, 3).reshape(-1, cols)
+    return q[:rows]
+
+
+def untile_scales(t: np.ndarray, rows: int, groups: int) -> np.ndarray:
+    return t.reshape(-1, groups, TILE_ROWS).transpose(0, 2, 1).reshape(-1, groups)[:rows]

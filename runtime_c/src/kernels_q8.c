@@ -1,0 +1,175 @@
+/*
+ * kernels_q8.c - integer matmuls: int8 weights times int8 activations (see kernels.h).
+ *
+ * The scalar kernel reads both layouts and is the reference. An ISA path
+ * computes the same int32 block sums sixteen rows at a time from the tiled
+ * layout (one lane per row) and then does the float steps lane by lane in
+ * block order, which is the scalar order; a layout it was not written for
+ * goes through the scalar kernel. The weights were bounds-checked by
+ * colibri_init; nothing here checks again.
+ */
+#include "kernels.h"
+
+#include <string.h>
+
+#include "cbmath.h"
+
+/* The ISA path: a header that defines CB_Q8_NAME and either CB_Q8_TILED (a tile kernel, see
+ * kernels_q8_x86.h) or CB_Q8_ROWS (cb_isa_dot32: the int32 dot of 32 weights of a row with 32
+ * activations, for the row-major layout). */
+#if !defined(COLIBRI_SCALAR)
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define CB_Q8_AVX512 1
+#include "kernels_q8_x86.h"
+#elif defined(__AVX2__) && defined(__F16C__)
+#define CB_Q8_AVX2 1
+#include "kernels_q8_x86.h"
+#elif defined(__ARM_NEON)
+#include "kernels_q8_neon.h"
+#elif defined(__riscv_vector) && defined(__riscv_v_intrinsic)
+#include "kernels_q8_rvv.h"
+#elif defined(__ARM_FEATURE_MVE)
+#include "kernels_q8_mve.h"
+#elif defined(__ARM_FEATURE_DSP)
+#include "kernels_q8_dsp.h"
+#endif
+#endif
+
+void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
+{
+    for (size_t b = 0, k0 = 0; k0 < n; b++, k0 += CB_ACT_BLOCK) {
+        size_t k1 = n - k0 < CB_ACT_BLOCK ? n : k0 + CB_ACT_BLOCK;
+        float amax = 0.0f;
+        for (size_t k = k0; k < k1; k++) {
+            float a = x[k] < 0.0f ? -x[k] : x[k];
+            amax = a > amax ? a : amax; /* a NaN is skipped; its q is 0 below */
+        }
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (size_t k = k0; k < k0 + CB_ACT_BLOCK; k++) {
+            int32_t v = 0;
+            if (k < k1) {
+                float f = x[k] * id;
+                f = f + (f >= 0.0f ? 0.5f : -0.5f);
+                v = f > -128.0f && f < 128.0f ? (int32_t)f : 0; /* truncation: round half away from zero */
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+            }
+            q[k] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = amax / 127.0f;
+        s[b] = sum;
+    }
+}
+
+/* The exact int32 dot of row r's block b with the block's activations. */
+static int32_t cb_block_isum(const cb_tensor *t, size_t r, size_t b, const int8_t *q)
+{
+    const int8_t *w = (const int8_t *)t->data;
+    int32_t sum = 0;
+    if (t->tiled) {
+        w += (r / CB_TILE_ROWS) * CB_TILE_ROWS * t->cols + b * CB_ACT_BLOCK * CB_TILE_ROWS + 4 * (r % CB_TILE_ROWS);
+        for (size_t c = 0; c < CB_ACT_BLOCK; c += 4, w += 4 * CB_TILE_ROWS)
+            sum += w[0] * q[c] + w[1] * q[c + 1] + w[2] * q[c + 2] + w[3] * q[c + 3];
+    } else {
+        w += r * t->row_stride + b * CB_ACT_BLOCK;
+#if defined(CB_Q8_ROWS)
+        sum = cb_isa_dot32(w, q);
+#else
+        for (size_t c = 0; c < CB_ACT_BLOCK; c++)
+            sum += w[c] * q[c];
+#endif
+    }
+    return sum;
+}
+
+void cb_matmul_q8_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
+                         const float *const *x, float *const *y, const float *alpha, int accumulate)
+{
+    const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
+    for (size_t r = r0; r < r1; r++, o = next)
+        for (size_t j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (size_t b = 0; b < blocks; b++) {
+                float f = (float)cb_block_isum(t, r, b, xq[j].q + b * CB_ACT_BLOCK);
+                f = f * xq[j].d[b];
+                f = f * cb_scale(t, r, b / per_group);
+                acc = acc + f;
+            }
+            next = cb_finish(t, o, r, x[j], acc, alpha[j], y[j], accumulate);
+        }
+}
+
+#if defined(CB_Q8_TILED)
+
+/* cb_finish for the nr rows r.. of a tile at once: each row's corrections added to its dot in index
+ * order, then alpha; the same operations in the same order as cb_finish row by row. Returns the walk
+ * past the tile. */
+static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr, const float *x, float *dot,
+                              float alpha, float *y, int accumulate)
+{
+    const uint16_t *gap = t->ogap, *val = t->oval;
+    const size_t n_out = t->n_outliers;
+    const uint64_t cols = t->cols, end = (uint64_t)(r + nr) * cols;
+    uint64_t idx = o.idx, row = (uint64_t)r * cols; /* row: the flat index of dot[i]'s first column */
+    size_t k = o.k, i = 0;
+    while (k < n_out && idx < end) {
+        while (idx - row >= cols) {
+            row += cols;
+            i++;
+        }
+        dot[i] = dot[i] + cb_f16_to_f32(val[k]) * x[idx - row];
+        if (++k < n_out)
+            idx += gap[k];
+    }
+    for (i = 0; i < nr; i++) {
+        float v = alpha * dot[i];
+        y[r + i] = accumulate ? y[r + i] + v : v;
+    }
+    o.k = k;
+    o.idx = idx;
+    return o;
+}
+
+void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq, const float *const *x,
+                  float *const *y, const float *alpha, int accumulate)
+{
+    if (!t->tiled) {
+        cb_matmul_q8_scalar(t, r0, r1, n, xq, x, y, alpha, accumulate);
+        return;
+    }
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
+    float dot[CB_TILE_ROWS];
+    for (size_t r = r0; r < r1; r += CB_TILE_ROWS, o = next) { /* r0 is a tile's first row */
+        size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
+        for (size_t j = 0; j < n; j++) {
+            cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j]), dot);
+            next = cb_tile_finish(t, o, r, nr, x[j], dot, alpha[j], y[j], accumulate);
+        }
+    }
+}
+
+const char *cb_kernels_q8_isa(void)
+{
+    return CB_Q8_NAME;
+}
+
+#else /* no tile kernel: the scalar one, with the ISA's row dot if it has one */
+
+void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq, const float *const *x,
+                  float *const *y, const float *alpha, int accumulate)
+{
+    cb_matmul_q8_scalar(t, r0, r1, n, xq, x, y, alpha, accumulate);
+}
+
+const char *cb_kernels_q8_isa(void)
+{
+#if defined(CB_Q8_ROWS)
+    return CB_Q8_NAME;
+#else
+    return "scalar";
+#endif
+}
+
+#endif

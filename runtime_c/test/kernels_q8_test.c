@@ -1,0 +1,388 @@
+/*
+ * kernels_q8_test.c - the integer matmul kernels against their definition, on the target.
+ *
+ * Built from kernels.c, kernels_q8.c and cbmath.c with the target's flags,
+ * run natively or under QEMU by tests/test_kernels.py. For random int8 and
+ * int8c matrices (rows around the 16-row tiles, 32..320 columns, per-row and
+ * grouped f16/f32 scales, ~3% corrections), activations with zero, tiny and
+ * huge blocks, 1..4 tokens, row ranges split on tiles, with and without
+ * accumulation:
+ *   - the ISA path (cb_matmul_q8) equals the scalar kernel bit for bit, in both layouts;
+ *   - the scalar kernel gives the same bits from the tiled and the row-major copy of a matrix;
+ *   - the scalar result is within 1e-5 of the definition evaluated in double
+ *     (exact integer block sums, the corrections times x);
+ *   - cb_quantize_q8 keeps |q| <= 127, s = sum q, and |x - q d| <= d / 2 (+ rounding) per value;
+ *   - nothing beyond the rows' outputs is written (sentinels) and the padded rows of a tile are not read
+ *     into the outputs (they hold garbage here, which zero scales would hide).
+ * Prints "kernels_q8_test <isa>: <cases> cases, <outputs> outputs" and exits 1 on the first failure.
+ *
+ * Built with -DCB_TEST_BARE_METAL (tests/test_firmware_kernels.py) it is a firmware image's main,
+ * linked with firmware_examples' startup code and booted under the target's QEMU: no heap (the
+ * matrices come from a static pool, cleared per case), output through board.h's semihosting
+ * console (a failure's two values as f32 bits instead of %.9g), and the row-major weights start
+ * one byte past a word boundary, so the row dot of the MCU paths (MVE, DSP) must load unaligned.
+ * Otherwise every matrix is its own exact-size heap block, so that ASan traps an over-read.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../src/cbmath.h"
+#include "../src/kernels.h"
+
+#define SENTINEL 12345.0f
+#define MAX_TOKENS 4
+#define MAX_ROWS 70u  /* row_counts below */
+#define MAX_COLS 320u /* col_counts below */
+
+#if defined(CB_TEST_BARE_METAL)
+#include "board.h"
+
+/* Every block of one case, each rounded up to 16 bytes: both copies of the weights (the tiled one
+ * padded to whole tiles), both copies of the scales (f32 and one per 32 columns at most), and the
+ * outliers (ogap and oval; about 1 weight in 32 has one, room is left for 1 in 16). */
+#define PAD_ROWS ((MAX_ROWS + 15u) / 16u * 16u)
+#define POOL_BYTES                                                                                           \
+    (MAX_ROWS * MAX_COLS + PAD_ROWS * MAX_COLS + (MAX_ROWS + PAD_ROWS) * (MAX_COLS / 32u) * 4u +           \
+     2u * 2u * (MAX_ROWS * MAX_COLS / 16u + 1u) + 6u * 16u)
+#define WEIGHT_SKEW 1u /* the row-major weights' offset from a 16-byte boundary */
+
+typedef struct pool {
+    _Alignas(16) unsigned char bytes[POOL_BYTES];
+    size_t used;
+} pool;
+
+static pool case_pool;
+
+/* n zeroed bytes, skew bytes past a 16-byte boundary; NULL when the pool is exhausted */
+static void *take(size_t n, size_t skew)
+{
+    pool *p = &case_pool;
+    size_t at = (p->used + 15u) / 16u * 16u + skew;
+    if (at > sizeof p->bytes || sizeof p->bytes - at < n)
+        return NULL;
+    p->used = at + n;
+    return memset(p->bytes + at, 0, n);
+}
+
+static void give_back(void *block)
+{
+    (void)block;
+    case_pool.used = 0; /* the blocks of one case go back together */
+}
+
+static void put_str(const char *s)
+{
+    board_puts(s);
+}
+
+static void put_size(size_t v)
+{
+    board_put_dec((uint64_t)v);
+}
+
+static void put_real(double v) /* the value as an f32's bits: no float formatting on the board */
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    board_puts("f32 ");
+    board_put_hex(u);
+}
+#else
+#include <stdio.h>
+#include <stdlib.h>
+
+#define WEIGHT_SKEW 0u /* malloc's alignment */
+
+static void *take(size_t n, size_t skew)
+{
+    (void)skew;
+    return calloc(n ? n : 1, 1);
+}
+
+static void give_back(void *block)
+{
+    free(block);
+}
+
+static void put_str(const char *s)
+{
+    fputs(s, stdout);
+}
+
+static void put_size(size_t v)
+{
+    printf("%zu", v);
+}
+
+static void put_real(double v)
+{
+    printf("%.9g", v);
+}
+#endif
+
+typedef struct rng { uint64_t s; } rng;
+
+static uint32_t next(rng *r)
+{
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 16);
+}
+
+static float uniform(rng *r) /* [-1, 1) */
+{
+    return (float)(next(r) & 0xffffffu) / 8388608.0f - 1.0f;
+}
+
+typedef struct pair {
+    cb_tensor rows, tiled; /* one matrix in both layouts */
+    int8_t *q, *qt;
+    uint8_t *s, *st;
+    uint16_t *ogap, *oval;
+} pair;
+
+static int fail(const char *what, size_t rows, size_t cols, size_t group, size_t r, size_t j, double a, double b)
+{
+    put_str("FAIL ");
+    put_str(what);
+    put_str(": ");
+    put_size(rows);
+    put_str("x");
+    put_size(cols);
+    put_str(" group ");
+    put_size(group);
+    put_str(", row ");
+    put_size(r);
+    put_str(" token ");
+    put_size(j);
+    put_str(": ");
+    put_real(a);
+    put_str(" vs ");
+    put_real(b);
+    put_str("\n");
+    return 1;
+}
+
+static int make(pair *p, size_t rows, size_t cols, size_t group, int scale_dt, int with_outliers, rng *r)
+{
+    size_t groups = cols / group, prows = (rows + 15) / 16 * 16, es = scale_dt == CB_F32 ? 4 : 2;
+    p->q = take(rows * cols, WEIGHT_SKEW);
+    p->qt = take(prows * cols, 0);
+    p->s = take(rows * groups * es, 0);
+    p->st = take(prows * groups * es, 0);
+    if (!p->q || !p->qt || !p->s || !p->st)
+        return fail("allocation", rows, cols, group, 0, 0, 0.0, 0.0);
+    for (size_t i = 0; i < prows * cols; i++)
+        p->qt[i] = (int8_t)(next(r) % 200); /* garbage in the padded rows: must not reach an output */
+    for (size_t i = 0; i < rows; i++)
+        for (size_t c = 0; c < cols; c++) {
+            int8_t v = (int8_t)((int)(next(r) % 255) - 127);
+            if (next(r) % 64 == 0)
+                v = next(r) % 2 ? 127 : -127;
+            p->q[i * cols + c] = v;
+            p->qt[(i / 16) * 16 * cols + (c / 4) * 64 + (i % 16) * 4 + c % 4] = v;
+        }
+    for (size_t i = 0; i < rows; i++)
+        for (size_t g = 0; g < groups; g++) {
+            float sc = 0.0005f + (uniform(r) + 1.0f) * 0.02f;
+            size_t a = i * groups + g, b = ((i / 16) * groups + g) * 16 + i % 16;
+            if (scale_dt == CB_F32) {
+                memcpy(p->s + 4 * a, &sc, 4);
+                memcpy(p->st + 4 * b, &sc, 4);
+            } else {
+                uint16_t h = cb_f32_to_f16(sc);
+                memcpy(p->s + 2 * a, &h, 2);
+                memcpy(p->st + 2 * b, &h, 2);
+            }
+        }
+    size_t n = 0, total = rows * cols;
+    if (with_outliers) { /* how many the loop below draws, from a copy of the generator: exact-size blocks */
+        rng dry = *r;
+        for (size_t i = 0; i < total; i++)
+            if (next(&dry) % 32 == 0) {
+                (void)next(&dry);
+                n++;
+            }
+    }
+    p->ogap = take((n + 1) * 2, 0);
+    p->oval = take((n + 1) * 2, 0);
+    if (!p->ogap || !p->oval)
+        return fail("allocation", rows, cols, group, 0, 0, (double)n, 0.0);
+    if (with_outliers) {
+        uint64_t last = 0;
+        for (size_t i = 0, k = 0; i < total; i++)
+            if (next(r) % 32 == 0) {
+                p->ogap[k] = (uint16_t)(k ? i - last : i);
+                p->oval[k] = cb_f32_to_f16(uniform(r) * 2.0f);
+                last = i;
+                k++;
+            }
+    }
+    cb_tensor t = {0};
+    t.rows = (uint32_t)rows;
+    t.cols = (uint32_t)cols;
+    t.row_stride = (uint32_t)cols;
+    t.group_size = (uint32_t)group;
+    t.n_groups = (uint32_t)groups;
+    t.n_outliers = (uint32_t)n;
+    t.dtype = with_outliers ? CB_I8C : CB_I8;
+    t.scale_dtype = (uint8_t)scale_dt;
+    t.q8 = 1;
+    t.ogap = n ? p->ogap : NULL;
+    t.oval = n ? p->oval : NULL;
+    p->rows = t;
+    p->rows.data = (const uint8_t *)p->q;
+    p->rows.scales = p->s;
+    p->tiled = t;
+    p->tiled.tiled = 1;
+    p->tiled.data = (const uint8_t *)p->qt;
+    p->tiled.scales = p->st;
+    return 0;
+}
+
+static void release(pair *p) /* in the reverse order of make's: the pool takes them back at once */
+{
+    give_back(p->oval);
+    give_back(p->ogap);
+    give_back(p->st);
+    give_back(p->s);
+    give_back(p->qt);
+    give_back(p->q);
+}
+
+typedef struct acts {
+    float x[MAX_TOKENS][MAX_COLS];
+    int8_t q[MAX_TOKENS][MAX_COLS];
+    float d[MAX_TOKENS][MAX_COLS / 32];
+    int32_t s[MAX_TOKENS][MAX_COLS / 32];
+    cb_xq xq[MAX_TOKENS];
+} acts;
+
+static int make_acts(acts *a, size_t n, size_t cols, rng *r)
+{
+    for (size_t j = 0; j < n; j++) {
+        for (size_t c = 0; c < cols; c++) {
+            size_t b = c / 32;
+            float scale = (b + j) % 5 == 0 ? 1e-30f : (b + j) % 5 == 1 ? 1e4f : 1.0f; /* tiny, huge blocks */
+            a->x[j][c] = (b + j) % 7 == 3 ? 0.0f : uniform(r) * scale;
+        }
+        cb_quantize_q8(a->x[j], cols, a->q[j], a->d[j], a->s[j]);
+        for (size_t b = 0; b < cols / 32; b++) {
+            int32_t sum = 0;
+            for (size_t c = 32 * b; c < 32 * b + 32; c++) {
+                double err = fabs((double)a->x[j][c] - (double)a->q[j][c] * a->d[j][b]);
+                if (a->q[j][c] == -128 || err > a->d[j][b] * 0.5001 + 1e-45)
+                    return fail("quantize", 0, cols, 32, c, j, a->x[j][c], (double)a->q[j][c] * a->d[j][b]);
+                sum += a->q[j][c];
+            }
+            if (sum != a->s[j][b])
+                return fail("block sum", 0, cols, 32, b, j, sum, a->s[j][b]);
+        }
+        a->xq[j].q = a->q[j];
+        a->xq[j].d = a->d[j];
+        a->xq[j].s = a->s[j];
+    }
+    return 0;
+}
+
+/* The definition in double: exact block sums, the float steps widened, the corrections times x. */
+static double definition(const pair *p, size_t r, const acts *a, size_t j, double *mag)
+{
+    const cb_tensor *t = &p->rows;
+    double acc = 0.0;
+    *mag = 0.0;
+    for (size_t b = 0; b < t->cols / 32; b++) {
+        long isum = 0;
+        for (size_t c = 32 * b; c < 32 * b + 32; c++)
+            isum += (long)p->q[r * t->cols + c] * a->q[j][c];
+        double term = (double)isum * a->d[j][b] * cb_scale(t, r, b * 32 / t->group_size);
+        acc += term;
+        *mag += fabs(term);
+    }
+    uint64_t idx = 0;
+    for (size_t k = 0; k < t->n_outliers; k++) {
+        idx += t->ogap[k];
+        if (idx / t->cols == r) {
+            double term = (double)cb_f16_to_f32(t->oval[k]) * a->x[j][idx % t->cols];
+            acc += term;
+            *mag += fabs(term);
+        }
+    }
+    return acc;
+}
+
+int main(void)
+{
+    static const size_t row_counts[] = {1, 5, 15, 16, 17, 31, 32, 48, 70};
+    static const size_t col_counts[] = {32, 64, 96, 160, 320};
+    rng r = {0x9E3779B97F4A7C15ull};
+    static acts a;
+    size_t cases = 0, outputs = 0;
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
+        for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)
+            for (int variant = 0; variant < 6; variant++) {
+                size_t rows = row_counts[ri], cols = col_counts[ci];
+                size_t group = variant % 3 == 0 ? cols : variant % 3 == 1 ? 32 : (cols % 64 == 0 ? 64 : cols);
+                int scale_dt = variant < 3 ? CB_F16 : CB_F32, outl = variant % 2;
+                size_t n = 1 + (size_t)(next(&r) % MAX_TOKENS);
+                pair p;
+                if (make(&p, rows, cols, group, scale_dt, outl, &r) || make_acts(&a, n, cols, &r))
+                    return 1;
+                float alpha[MAX_TOKENS];
+                static float yv[6][MAX_TOKENS][80]; /* static: 7.5 KiB is more than a firmware stack */
+                const float *x[MAX_TOKENS];
+                float *y[6][MAX_TOKENS];
+                for (size_t j = 0; j < n; j++) {
+                    alpha[j] = 0.5f + (uniform(&r) + 1.0f);
+                    x[j] = a.x[j];
+                }
+                int accumulate = (int)(next(&r) % 2);
+                for (int v = 0; v < 6; v++)
+                    for (size_t j = 0; j < n; j++) {
+                        y[v][j] = yv[v][j];
+                        for (size_t i = 0; i < 80; i++)
+                            yv[v][j][i] = i < rows ? (float)(i % 7) - 3.0f : SENTINEL;
+                    }
+                /* 0: scalar rows, 1: scalar tiled, 2: ISA rows, 3: ISA tiled, 4: ISA tiled split on a tile
+                 * boundary, 5: ISA tiled one token at a time */
+                cb_matmul_q8_scalar(&p.rows, 0, rows, n, a.xq, x, y[0], alpha, accumulate);
+                cb_matmul_q8_scalar(&p.tiled, 0, rows, n, a.xq, x, y[1], alpha, accumulate);
+                cb_matmul_q8(&p.rows, 0, rows, n, a.xq, x, y[2], alpha, accumulate);
+                cb_matmul_q8(&p.tiled, 0, rows, n, a.xq, x, y[3], alpha, accumulate);
+                size_t mid = rows > 16 ? 16 : rows;
+                cb_matmul_q8(&p.tiled, 0, mid, n, a.xq, x, y[4], alpha, accumulate);
+                cb_matmul_q8(&p.tiled, mid, rows, n, a.xq, x, y[4], alpha, accumulate);
+                for (size_t j = 0; j < n; j++)
+                    cb_matmul_q8(&p.tiled, 0, rows, 1, &a.xq[j], &x[j], &y[5][j], &alpha[j], accumulate);
+                static const char *const what[6] = {"", "scalar tiled vs rows", "isa rows", "isa tiled",
+                                                    "isa tiled split", "isa tiled per token"};
+                for (size_t j = 0; j < n; j++)
+                    for (size_t i = 0; i < 80; i++) {
+                        for (int v = 1; v < 6; v++)
+                            if (memcmp(&yv[v][j][i], &yv[0][j][i], sizeof(float)) != 0)
+                                return fail(what[v], rows, cols, group, i, j, yv[v][j][i], yv[0][j][i]);
+                        if (i >= rows) {
+                            if (yv[0][j][i] != SENTINEL)
+                                return fail("write beyond rows", rows, cols, group, i, j, yv[0][j][i], SENTINEL);
+                            continue;
+                        }
+                        double before = accumulate ? (double)((float)(i % 7) - 3.0f) : 0.0;
+                        double mag, want = before + alpha[j] * definition(&p, i, &a, j, &mag), got = yv[0][j][i];
+                        if (!(fabs(got - want) <= 1e-5 * (alpha[j] * mag + fabs(before)) + 1e-37))
+                            return fail("definition", rows, cols, group, i, j, got, want);
+                        outputs++;
+                    }
+                cases++;
+                release(&p);
+            }
+    put_str("kernels_q8_test ");
+    put_str(cb_kernels_q8_isa());
+    put_str(": ");
+    put_size(cases);
+    put_str(" cases, ");
+    put_size(outputs);
+    put_str(" outputs\n");
+    return 0;
+}
