@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .blob import ENTRY_BYTES, HEADER_FIXED, KINDS, MAGIC, TABLE_ENTRY, read_header
 from .errors import ExportError
+from .layout import LAYOUTS
 from .spec import ModelSpec
 
 _DTYPE_NAMES = {1: "f32", 2: "f16", 3: "int8", 4: "int8c"}
@@ -83,6 +84,9 @@ def _spec_from_header(h: dict) -> ModelSpec:
     )
 
 
+_LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+
+
 def inspect_blob(path: Path) -> dict:
     raw = Path(path).read_bytes()
     if len(raw) < HEADER_FIXED or struct.unpack_from("<I", raw)[0] != MAGIC:
@@ -91,6 +95,8 @@ def inspect_blob(path: Path) -> dict:
     crc = zlib.crc32(raw[12:]) if len(raw) == h["blob_bytes"] else None
     out: dict = {"kind": "blob", "path": str(path), "format_version": f"{h['version_major']}.{h['version_minor']}",
                  "blob_bytes": len(raw), "arena_bytes": h["arena_bytes"], "max_seq": h["max_seq"],
+                 "layout": _LAYOUT_NAMES.get(h["layout"], f"unknown ({h['layout']})"),
+                 "integer_matmuls": bool(h["xq_offset"]),
                  "crc32": f"{h['crc32']:08x}",
                  "crc_ok": crc == h["crc32"],
                  "crc_status": "ok" if crc == h["crc32"] else
@@ -140,6 +146,8 @@ def format_report(info: dict) -> str:
     if info["kind"] == "blob":
         lines.append(f"  format {info['format_version']}, {info['blob_bytes']:,} bytes, crc32 {info['crc32']} "
                      f"{info['crc_status']}, arena {info['arena_bytes']:,} bytes for max_seq {info['max_seq']}")
+        how = "int8 activations, integer dot products" if info["integer_matmuls"] else "float activations"
+        lines.append(f"  int8 matrices: {info['layout']} layout, {how}")
     if "family" in info:
         d = info["dims"]
         lines.append(f"  family {info['family']}")

@@ -116,6 +116,7 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
     `block` values, round-half-away(x * 127 / max|x|) * (max|x| / 127), in the C code's float32 steps."""
     b = np.asarray(x, dtype=F32).reshape(-1, block)
     amax = np.max(np.abs(b), axis=1)
+    amax = np.where(amax >= F32(2.0**-100), amax, F32(0.0)).astype(F32)  # a block this small is zero
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.where(amax > 0, F32(127.0) / amax, F32(0.0)).astype(F32)
     f = b * inv[:, None]

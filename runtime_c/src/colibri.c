@@ -556,9 +556,11 @@ static void cb_mm_task(void *job, size_t i)
 #define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
 #endif
 
-/* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i */
-static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *x, float *const *y,
-                  const float *alpha, int accumulate)
+/* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i.
+ * same_x: the previous call had the same x and a matrix of the same width (k and v after q, up after
+ * gate), so the xq buffer already holds x quantized. */
+static void cb_mm_x(const colibri_ctx *c, size_t i, size_t n, const float *const *x, float *const *y,
+                    const float *alpha, int accumulate, int same_x)
 {
     cb_tensor t = cb_tensor_at(c, i);
     cb_xq xq[CB_MAX_BLOCK];
@@ -570,7 +572,8 @@ static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *
             int8_t *q = (int8_t *)(uintptr_t)c + c->m.xq_off + j * row;
             float *d = (float *)(void *)(q + q_bytes);
             int32_t *s = (int32_t *)(void *)(q + q_bytes + d_bytes);
-            cb_quantize_q8(x[j], t.cols, q, d, s);
+            if (!same_x)
+                cb_quantize_q8(x[j], t.cols, q, d, s);
             xq[j].q = q;
             xq[j].d = d;
             xq[j].s = s;
@@ -590,6 +593,12 @@ static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *
         cb_matmul_scalar(&t, 0, t.rows, n, x, y, alpha, accumulate);
     else
         cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
+}
+
+static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *x, float *const *y,
+                  const float *alpha, int accumulate)
+{
+    cb_mm_x(c, i, n, x, y, alpha, accumulate, 0);
 }
 
 /* one token: y = (accumulate ? y : 0) + alpha * W x */
@@ -709,7 +718,7 @@ static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const 
     cb_rows(gate, w, n, g);
     cb_rows(up, w, n, u);
     cb_mm(c, i + X_GATE, n, xb, g, cb_ones, 0);
-    cb_mm(c, i + X_UP, n, xb, u, cb_ones, 0);
+    cb_mm_x(c, i + X_UP, n, xb, u, cb_ones, 0, 1);
     for (size_t j = 0; j < n * w; j++)
         gate[j] = gate[j] / (1.0f + cb_expf(-gate[j])) * up[j]; /* silu(gate) * up */
     cb_mm(c, i + X_DOWN, n, (const float *const *)g, out, alpha, 1);
@@ -853,8 +862,8 @@ static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos
         for (size_t j = 0; j < n; j++)
             cb_rmsnorm(xb_rows[j], x_rows[j], cb_vector(c, base + S_ATTN_NORM), dim, eps); /* 0 */
         cb_mm(c, base + S_WQ, n, xbc, q_rows, cb_ones, 0);                    /* 1: k, v straight */
-        cb_mm(c, base + S_WK, n, xbc, k_rows, cb_ones, 0);                    /*    into the cache */
-        cb_mm(c, base + S_WV, n, xbc, v_rows, cb_ones, 0);
+        cb_mm_x(c, base + S_WK, n, xbc, k_rows, cb_ones, 0, 1);               /*    into the cache */
+        cb_mm_x(c, base + S_WV, n, xbc, v_rows, cb_ones, 0, 1);
         for (size_t j = 0; j < n; j++) {
             cb_qk(c, base, q_rows[j], k_rows[j], v_rows[j], pos + j);         /* 1, 2 */
             cb_attention(c, l, pos + j, q_rows[j], att_rows[j]);            /* 3 */

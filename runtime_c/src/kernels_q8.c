@@ -44,6 +44,8 @@ void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
             float a = x[k] < 0.0f ? -x[k] : x[k];
             amax = a > amax ? a : amax; /* a NaN is skipped; its q is 0 below */
         }
+        if (!(amax >= 0x1p-100f)) /* a block this small is zero (127 / amax would overflow near 1e-37) */
+            amax = 0.0f;
         float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (size_t k = k0; k < k0 + CB_ACT_BLOCK; k++) {
@@ -103,30 +105,36 @@ void cb_matmul_q8_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, con
 
 #if defined(CB_Q8_TILED)
 
-/* cb_finish for the nr rows r.. of a tile at once: each row's corrections added to its dot in index
- * order, then alpha; the same operations in the same order as cb_finish row by row. Returns the walk
- * past the tile. */
-static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr, const float *x, float *dot,
-                              float alpha, float *y, int accumulate)
+#define CB_MAX_TOKENS 32 /* tokens whose dots one pass over a tile keeps (a prefill block's) */
+
+/* The corrections of the nr rows r.. of a tile, added to every token's dots (dot[j][i]: token j, row r + i)
+ * in index order, then alpha: per (row, token) the operations and order of cb_finish. The walk decodes each
+ * correction once for all the tokens. Its row comes from a multiplication, not a loop: (local + 0.5) / cols
+ * lies at least 0.5 / cols from an integer, far more than a double's rounding of a product below 2^40.
+ * Returns the walk past the tile. */
+static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr, size_t n, const float *const *x,
+                              float (*dot)[CB_TILE_ROWS], const float *alpha, float *const *y, int accumulate)
 {
     const uint16_t *gap = t->ogap, *val = t->oval;
-    const size_t n_out = t->n_outliers;
-    const uint64_t cols = t->cols, end = (uint64_t)(r + nr) * cols;
-    uint64_t idx = o.idx, row = (uint64_t)r * cols; /* row: the flat index of dot[i]'s first column */
-    size_t k = o.k, i = 0;
+    const size_t n_out = t->n_outliers, cols = t->cols;
+    const uint64_t first = (uint64_t)r * cols, end = first + nr * cols;
+    const double inv_cols = 1.0 / (double)cols;
+    uint64_t idx = o.idx;
+    size_t k = o.k;
     while (k < n_out && idx < end) {
-        while (idx - row >= cols) {
-            row += cols;
-            i++;
-        }
-        dot[i] = dot[i] + cb_f16_to_f32(val[k]) * x[idx - row];
+        size_t local = (size_t)(idx - first), i = (size_t)(((double)local + 0.5) * inv_cols);
+        size_t c = local - i * cols;
+        float v = cb_f16_to_f32(val[k]);
+        for (size_t j = 0; j < n; j++)
+            dot[j][i] = dot[j][i] + v * x[j][c];
         if (++k < n_out)
             idx += gap[k];
     }
-    for (i = 0; i < nr; i++) {
-        float v = alpha * dot[i];
-        y[r + i] = accumulate ? y[r + i] + v : v;
-    }
+    for (size_t j = 0; j < n; j++)
+        for (size_t i = 0; i < nr; i++) {
+            float v = alpha[j] * dot[j][i];
+            y[j][r + i] = accumulate ? y[j][r + i] + v : v;
+        }
     o.k = k;
     o.idx = idx;
     return o;
@@ -139,13 +147,17 @@ void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_x
         cb_matmul_q8_scalar(t, r0, r1, n, xq, x, y, alpha, accumulate);
         return;
     }
-    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
-    float dot[CB_TILE_ROWS];
-    for (size_t r = r0; r < r1; r += CB_TILE_ROWS, o = next) { /* r0 is a tile's first row */
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
+    float dot[CB_MAX_TOKENS][CB_TILE_ROWS];
+    for (size_t r = r0; r < r1; r += CB_TILE_ROWS) { /* r0 is a tile's first row */
         size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
-        for (size_t j = 0; j < n; j++) {
-            cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j]), dot);
-            next = cb_tile_finish(t, o, r, nr, x[j], dot, alpha[j], y[j], accumulate);
+        for (size_t j0 = 0; j0 < n; j0 += CB_MAX_TOKENS) {
+            size_t m = n - j0 < CB_MAX_TOKENS ? n - j0 : CB_MAX_TOKENS;
+            for (size_t j = 0; j < m; j++)
+                cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j]), dot[j]);
+            cb_outl next = cb_tile_finish(t, o, r, nr, m, x + j0, dot, alpha + j0, y + j0, accumulate);
+            if (j0 + m >= n)
+                o = next;
         }
     }
 }

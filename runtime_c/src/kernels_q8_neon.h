@@ -8,10 +8,9 @@
  * bytes per row), so one 16-byte load and one 4-byte broadcast of the
  * activations give four rows' int32 sums: four vectors cover the 16 rows.
  *
- * ARMv7 NEON always flushes subnormal inputs and results to zero and makes
- * every NaN the default one, which the scalar kernel's VFP arithmetic does
- * not: there a block takes the NEON float steps only where neither can
- * matter, else VFP ones (see cb_least_scale).
+ * ARMv7 NEON always flushes subnormal inputs and results to zero, which the
+ * scalar kernel's VFP arithmetic does not: there a block takes the NEON float
+ * steps only where that cannot matter, else VFP ones (see cb_least_scale).
  */
 #ifndef CB_KERNELS_Q8_NEON_H
 #define CB_KERNELS_Q8_NEON_H
@@ -131,10 +130,8 @@ static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
  * when d * m >= 2^-103 every such f is a multiple of 2^-126 (its ulp is), and so is every sum of them
  * in acc (rounding keeps a multiple of 2^-126: a float's ulp is below 2^-126 only when the float
  * needs no rounding): a nonzero acc is then at least 2^-126. With d normal or zero, and no subnormal
- * scale, no input, product or sum of the block is subnormal. NEON also returns the default NaN where
- * VFP passes an operand's NaN on; the only NaNs then are the default ones that invalid operations
- * make, unless a scale is a NaN. Other blocks take the steps lane by lane in VFP; the NEON ones go on
- * once acc is again a multiple of 2^-126 (zero or at least 2^-103) and holds no NaN.
+ * scale, no input, product or sum of the block is subnormal. Other blocks take the steps lane by lane
+ * in VFP; the NEON ones go on once acc is again a multiple of 2^-126 (zero or at least 2^-103).
  */
 static inline uint32x4_t cb_mag(float32x4_t v)
 {
@@ -142,32 +139,30 @@ static inline uint32x4_t cb_mag(float32x4_t v)
 }
 
 /* m for the test above: the least nonzero |scale| of a group (infinite if all are zero), or 0 if a
- * scale is subnormal or a NaN */
+ * scale is subnormal */
 static float cb_least_scale(cb_tile_acc sc)
 {
     const uint32x4_t zero = vdupq_n_u32(0), inf = vdupq_n_u32(0x7f800000u);
-    uint32x4_t lo = inf, hi = zero; /* as unsigned integers the magnitudes are in |f| order */
-    for (size_t k = 0; k < 4; k++) {
+    uint32x4_t m = inf;
+    for (size_t k = 0; k < 4; k++) { /* as unsigned integers the magnitudes are in |f| order */
         uint32x4_t a = cb_mag(sc.v[k]);
-        lo = vminq_u32(lo, vbslq_u32(vceqq_u32(a, zero), inf, a));
-        hi = vmaxq_u32(hi, a);
+        m = vminq_u32(m, vbslq_u32(vceqq_u32(a, zero), inf, a));
     }
-    uint32x2_t l = vpmin_u32(vget_low_u32(lo), vget_high_u32(lo)), h = vpmax_u32(vget_low_u32(hi), vget_high_u32(hi));
-    uint32_t least = vget_lane_u32(vpmin_u32(l, l), 0), most = vget_lane_u32(vpmax_u32(h, h), 0);
+    uint32x2_t h = vpmin_u32(vget_low_u32(m), vget_high_u32(m));
+    uint32_t least = vget_lane_u32(vpmin_u32(h, h), 0);
     float f = 0.0f;
-    if (least >= 0x00800000u && most <= 0x7f800000u)
+    if (least >= 0x00800000u)
         memcpy(&f, &least, sizeof f);
     return f;
 }
 
-/* whether every lane of acc is zero or at least 2^-103, and not a NaN */
+/* whether every lane of acc is zero or at least 2^-103 */
 static int cb_neon_exact(cb_tile_acc acc)
 {
     uint32x4_t bad = vdupq_n_u32(0);
     for (size_t k = 0; k < 4; k++) {
         uint32x4_t a = cb_mag(acc.v[k]);
         bad = vorrq_u32(bad, vandq_u32(vtstq_u32(a, a), vcltq_u32(a, vdupq_n_u32(24u << 23))));
-        bad = vorrq_u32(bad, vcgtq_u32(a, vdupq_n_u32(0x7f800000u)));
     }
     uint32x2_t h = vorr_u32(vget_low_u32(bad), vget_high_u32(bad));
     return (vget_lane_u32(h, 0) | vget_lane_u32(h, 1)) == 0;

@@ -82,18 +82,21 @@ static void cb_tile_store(cb_tile_acc v, float *out) { _mm512_storeu_ps(out, v);
 
 #else
 #define CB_Q8_NAME "avx2"
-/* Eight rows' block sums at a time: PMADDUBSW takes |q| unsigned and the weights with q's sign,
- * so no pair of products (|q|, |w| <= 127) can saturate its int16 sum. */
+/* Eight rows' block sums at a time: PMADDUBSW takes |w| unsigned (ABS of -128 is 0x80, 128 as
+ * unsigned) and q with w's sign (|q| <= 127, so SIGN never overflows), so no pair of products
+ * (at most 128 * 127 each) can saturate its int16 sum, whatever byte a weight holds. */
 static inline void cb_tile_isum(const int8_t *w, const int8_t *q, __m256i *lo, __m256i *hi)
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
     for (size_t k = 0; k < CB_ACT_BLOCK / 4; k++) {
-        __m256i x = _mm256_set1_epi32(cb_ld4(q + 4 * k)), ax = _mm256_abs_epi8(x);
+        __m256i x = _mm256_set1_epi32(cb_ld4(q + 4 * k));
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * k));
         __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * k + 32));
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, x)), ones));
-        c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, x)), ones));
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x, w0));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(x, w1));
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(p0, ones));
+        c = _mm256_add_epi32(c, _mm256_madd_epi16(p1, ones));
     }
     *lo = a;
     *hi = c;

@@ -179,14 +179,16 @@ static int make(pair *p, size_t rows, size_t cols, size_t group, int scale_dt, i
     for (size_t i = 0; i < rows; i++)
         for (size_t c = 0; c < cols; c++) {
             int8_t v = (int8_t)((int)(next(r) % 255) - 127);
-            if (next(r) % 64 == 0)
-                v = next(r) % 2 ? 127 : -127;
+            if (next(r) % 64 == 0) /* the extremes; -128 never comes from the exporter, but a blob may hold it */
+                v = (int8_t)(next(r) % 3 == 0 ? 127 : next(r) % 2 ? -127 : -128);
             p->q[i * cols + c] = v;
             p->qt[(i / 16) * 16 * cols + (c / 4) * 64 + (i % 16) * 4 + c % 4] = v;
         }
     for (size_t i = 0; i < rows; i++)
         for (size_t g = 0; g < groups; g++) {
             float sc = 0.0005f + (uniform(r) + 1.0f) * 0.02f;
+            if (next(r) % 97 == 0) /* near the bottom of the normal range: products go subnormal */
+                sc *= 2e-36f;
             size_t a = i * groups + g, b = ((i / 16) * groups + g) * 16 + i % 16;
             if (scale_dt == CB_F32) {
                 memcpy(p->s + 4 * a, &sc, 4);
@@ -266,6 +268,8 @@ static int make_acts(acts *a, size_t n, size_t cols, rng *r)
         for (size_t c = 0; c < cols; c++) {
             size_t b = c / 32;
             float scale = (b + j) % 5 == 0 ? 1e-30f : (b + j) % 5 == 1 ? 1e4f : 1.0f; /* tiny, huge blocks */
+            if ((b + 2 * j) % 11 == 4)
+                scale = 3e-38f; /* a block scale d that is subnormal */
             a->x[j][c] = (b + j) % 7 == 3 ? 0.0f : uniform(r) * scale;
         }
         cb_quantize_q8(a->x[j], cols, a->q[j], a->d[j], a->s[j]);
@@ -273,7 +277,7 @@ static int make_acts(acts *a, size_t n, size_t cols, rng *r)
             int32_t sum = 0;
             for (size_t c = 32 * b; c < 32 * b + 32; c++) {
                 double err = fabs((double)a->x[j][c] - (double)a->q[j][c] * a->d[j][b]);
-                if (a->q[j][c] == -128 || err > a->d[j][b] * 0.5001 + 1e-45)
+                if (a->q[j][c] == -128 || err > a->d[j][b] * 0.5001 + 0x1p-100)
                     return fail("quantize", 0, cols, 32, c, j, a->x[j][c], (double)a->q[j][c] * a->d[j][b]);
                 sum += a->q[j][c];
             }
