@@ -1,20 +1,23 @@
-"""Decode/prefill speed of the C runtime against the llama.cpp figures, 1 and 2 threads.
+"""Decode/prefill speed of the C runtime against llama.cpp measured in the same run, 1 and 2 threads.
 
     .venv/bin/python bench/speed.py [--shapes 30m,288m] [--targets host,x86_64-v3] [--quant int8c]
                                     [--reps 5] [--threads 2] [--qemu rpi4,rpi5,riscv64-rvv] [--no-callgrind]
-                                    [--keep]
+                                    [--llama measure|issue] [--keep]
 
 For each synthetic Mixtral shape: export once, build every target twice with SCons (the
-SIMD kernels, and KERNELS=scalar: -DCOLIBRI_SCALAR), then run each build's colibri_demo:
-prefill (one forward over the prompt, the runtime's blocked matrix-matrix path) and decode
-(one token per forward), --reps times, the 1-thread and the --threads runs (the demo's
-pthread pool behind colibri_set_parallel) alternating so both see the same machine; medians.
+SIMD kernels, and KERNELS=scalar: -DCOLIBRI_SCALAR), then run each build's colibri_demo as
+llama-bench measures: prefill pp512 (one forward over a 512-token prompt, the runtime's blocked
+matrix-matrix path) and decode tg128 (128 tokens, one per forward, from an empty context),
+--reps times, the 1-thread and the --threads runs (the demo's pthread pool behind
+colibri_set_parallel) alternating so both see the same machine; medians. Then llama.cpp (Q8_0,
+1 thread, bench/llamacpp.py: its own venv, built once) on the same checkpoint shape, right
+after, so both see the same machine; `--llama issue` uses the issue's figures instead.
 Prints per build: tok/s, the ratio to the scalar build, the N-thread/1-thread ratio (and
 whether the N-thread tokens equal the 1-thread ones: they must, bit for bit), the ratio
-to llama.cpp Q8_0 (1 thread, measured on this machine kind), bytes of weights read
-per decoded token (expected value over the top_k of n_experts routing), the bandwidth
-that implies, and its fraction of a streaming read of a buffer as large as the blob
-(measured in the same run by a tiny C program; a DRAM-sized one is printed too).
+to llama.cpp, bytes of weights read per decoded token (expected value over the top_k of
+n_experts routing), the bandwidth that implies, and its fraction of a streaming read of a
+buffer as large as the blob (measured in the same run by a tiny C program; a DRAM-sized one
+is printed too).
 Also: callgrind instructions per decoded token (valgrind has no AVX-512: builds whose
 flags use it are skipped), QEMU wall-time SIMD/scalar ratios of cross builds (a proxy:
 TCG emulates vector instructions, so the ratio says little about hardware), and whether
@@ -39,8 +42,10 @@ SHAPES = {
     "30m": dict(layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, experts=8, top_k=2, vocab=32000, seed=1),
     "288m": dict(layers=8, hidden=1024, ffn=1024, heads=8, kv_heads=2, experts=8, top_k=2, vocab=32000, seed=1),
 }
-# llama.cpp, 1 thread, Q8_0, same random checkpoints, this machine kind (midpoints of the issue's ranges)
-LLAMA = {"30m": {"decode": 2050.0, "prefill": 8300.0}, "288m": {"decode": 240.0, "prefill": 580.0}}
+# llama.cpp, 1 thread, Q8_0, same random checkpoints, as the issue states them (midpoints of its ranges);
+# `--llama measure` (the default) measures llama.cpp on this machine in the same run instead
+LLAMA_ISSUE = {"30m": {"decode": 2050.0, "prefill": 8300.0}, "288m": {"decode": 240.0, "prefill": 580.0}}
+PREFILL, DECODE = 512, 128  # llama-bench's pp512 and tg128
 GOAL = {"decode": 1.3, "prefill": 1.0}
 EXPERT_KINDS = (10, 11, 12)  # W_GATE, W_DOWN, W_UP (FORMAT.md)
 SCALE_BYTES = {0: 0, 1: 4, 2: 2}
@@ -102,17 +107,19 @@ def stream_gbs(work: Path, nbytes: int) -> float:
                                 check=True).stdout.split()[0])
 
 
+def _demo(demo: Path, prompt: list[int], generate: int, threads: int) -> dict[str, str]:
+    res = subprocess.run([str(demo), "--tokens", ",".join(map(str, prompt)), "--generate", str(generate),
+                          "--threads", str(threads)], capture_output=True, text=True, check=True)
+    return dict(line.partition(": ")[::2] for line in res.stdout.splitlines())
+
+
 def demo_rates(demo: Path, prefill: int, decode: int, threads: int) -> dict:
-    """One run of colibri_demo: prefill and decode tok/s and the generated tokens."""
-    prompt = ",".join(str((i * 7919 + 11) % 32000) for i in range(prefill))
-    res = subprocess.run([str(demo), "--tokens", prompt, "--generate", str(decode + 1), "--threads", str(threads)],
-                         capture_output=True, text=True, check=True)
-    out = {}
-    for line in res.stdout.splitlines():
-        key, _, value = line.partition(": ")
-        out[key] = value
-    return {"decode": float(out["tok/s"]), "prefill": float(out["prefill tok/s"]),
-            "tokens": [int(t) for t in out["tokens"].split(",")]}
+    """Two runs of colibri_demo, as llama-bench: a prefill-length prompt (its prefill tok/s), and decode
+    tokens from a one-token prompt (tok/s; the generated tokens, which the thread counts must agree on)."""
+    pp = _demo(demo, [(i * 7919 + 11) % 32000 for i in range(prefill)], 1, threads)
+    tg = _demo(demo, [1], decode, threads)
+    return {"decode": float(tg["tok/s"]), "prefill": float(pp["prefill tok/s"]),
+            "tokens": [int(t) for t in tg["tokens"].split(",")]}
 
 
 def measure(demo: Path, prefill: int, decode: int, reps: int, threads: int) -> dict[int, dict]:
@@ -174,8 +181,10 @@ def main() -> int:
     ap.add_argument("--shapes", default="30m,288m")
     ap.add_argument("--targets", default="host,x86_64-v3")
     ap.add_argument("--quant", default="int8c")
-    ap.add_argument("--prefill", type=int, default=64)
-    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=PREFILL)
+    ap.add_argument("--decode", type=int, default=DECODE)
+    ap.add_argument("--llama", choices=["measure", "issue"], default="measure",
+                    help="llama.cpp figures: measured now on this machine (bench/llamacpp.py), or the issue's")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="the parallel run's thread count")
     ap.add_argument("--qemu", default="rpi4,rpi5,riscv64-rvv", help="cross targets for the QEMU ratio ('' none)")
@@ -193,6 +202,10 @@ def main() -> int:
     qemu = [t for t in a.qemu.split(",") if t and not load_target(t).missing(run=True)]
     max_seq = a.prefill + a.decode + 8
     rows = []
+    llama: dict[str, dict] = {}
+    if a.llama == "measure":
+        sys.path.insert(0, str(ROOT / "bench"))
+        import llamacpp
     for shape in [s for s in a.shapes.split(",") if s]:
         kw = SHAPES[shape]
         ckpt = work / f"mixtral{shape}"
@@ -213,6 +226,12 @@ def main() -> int:
         print(f"[{shape}] {json.dumps(kw)}\n[{shape}] blob {blob_bytes / 1e6:.1f} MB; weights read per decoded "
               f"token {wpt / 1e6:.2f} MB; streaming read {bw_blob:.1f} GB/s over {blob_bytes / 1e6:.0f} MB, "
               f"{bw_dram:.1f} GB/s over 1 GiB", flush=True)
+        if a.llama == "measure":  # just before colibri's runs, so both see the same machine
+            llama[shape] = llamacpp.measure([shape], a.reps)[shape]
+        else:
+            llama[shape] = LLAMA_ISSUE[shape]
+        print(f"[{shape}] llama.cpp ({a.llama}d): decode {llama[shape]['decode']:.1f} tok/s, prefill "
+              f"{llama[shape]['prefill']:.1f} tok/s", flush=True)
         for t in targets:
             res = {}
             for kern in ("simd", "scalar"):
@@ -231,8 +250,8 @@ def main() -> int:
                 gbs = r["decode"] * wpt / 1e9
                 p = r["par"]
                 print(f"[{shape}] {t:<10} {kern:<6} decode {r['decode']:8.1f} tok/s "
-                      f"({r['decode'] / LLAMA[shape]['decode']:.2f}x llama.cpp)  prefill {r['prefill']:8.1f} tok/s "
-                      f"({r['prefill'] / LLAMA[shape]['prefill']:.2f}x)  weights {gbs:5.1f} GB/s = "
+                      f"({r['decode'] / llama[shape]['decode']:.2f}x llama.cpp)  prefill {r['prefill']:8.1f} tok/s "
+                      f"({r['prefill'] / llama[shape]['prefill']:.2f}x)  weights {gbs:5.1f} GB/s = "
                       f"{gbs / bw_blob:.0%} of streaming  {ir}", flush=True)
                 print(f"[{shape}] {t:<10} {kern:<6} {a.threads} threads: decode {p['decode']:8.1f} tok/s "
                       f"({p['decode'] / r['decode']:.2f}x 1 thread), prefill {p['prefill']:8.1f} tok/s "
@@ -252,17 +271,19 @@ def main() -> int:
 
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     print(f"\nload average at the end: {load} (wall-clock figures mean something only on an idle machine)")
-    print(f"summary ({a.quant}, SIMD build; llama.cpp Q8_0 1 thread; goal decode >= 1.3x, prefill >= 1.0x; "
-          f"{a.threads}T = {a.threads} threads)")
+    print(f"summary ({a.quant}, SIMD build, pp{a.prefill} / tg{a.decode}; llama.cpp Q8_0 1 thread, {a.llama}d; "
+          f"goal decode >= 1.3x, prefill >= 1.0x; {a.threads}T = {a.threads} threads; 'issue' = the ratio to the "
+          f"issue's llama.cpp figures)")
     print(f"{'shape':<6} {'target':<10} {'decode':>9} {'llama':>7} {'ratio':>6} {'prefill':>9} {'llama':>7} "
           f"{'ratio':>6} {f'dec {a.threads}T':>9} {'x1T':>5} {f'pre {a.threads}T':>9} {'x1T':>5} {'MB/tok':>7} "
-          f"{'roofline':>8}")
+          f"{'roofline':>8} {'issue dec':>9} {'issue pre':>9}")
     for shape, t, s, _c, wpt, bw in rows:
-        ll, p = LLAMA[shape], s["par"]
+        ll, p = llama[shape], s["par"]
         print(f"{shape:<6} {t:<10} {s['decode']:9.1f} {ll['decode']:7.0f} {s['decode'] / ll['decode']:6.2f} "
               f"{s['prefill']:9.1f} {ll['prefill']:7.0f} {s['prefill'] / ll['prefill']:6.2f} {p['decode']:9.1f} "
               f"{p['decode'] / s['decode']:5.2f} {p['prefill']:9.1f} {p['prefill'] / s['prefill']:5.2f} "
-              f"{wpt / 1e6:7.2f} {s['decode'] * wpt / 1e9 / bw:8.0%}")
+              f"{wpt / 1e6:7.2f} {s['decode'] * wpt / 1e9 / bw:8.0%} "
+              f"{s['decode'] / LLAMA_ISSUE[shape]['decode']:9.2f} {s['prefill'] / LLAMA_ISSUE[shape]['prefill']:9.2f}")
     if not a.keep:
         shutil.rmtree(work / "b", ignore_errors=True)
     return 0

@@ -6,32 +6,9 @@
  */
 #include "cbmath.h"
 
-static float cb_pow2f(int n) /* 2^n for n in [-126, 127] */
-{
-    uint32_t bits = (uint32_t)(n + 127) << 23;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Cephes expf: x = k*ln2 + r with ln2 split so k*LN2_HI is exact, then a
- * degree-6 polynomial for e^r on |r| <= ln2/2 (about 1 ulp). */
 float cb_expf(float x)
 {
-    if (x != x)
-        return x + x;
-    if (x > 88.72283935546875f)
-        return cb_pow2f(127) * 2.0f; /* overflows to +inf, as expf does */
-    if (x < -103.972084045410156f)
-        return 0.0f;
-    float fk = x * 1.44269504088896341f;
-    int k = (int)(fk < 0.0f ? fk - 0.5f : fk + 0.5f);
-    float r = (x - (float)k * 0.693359375f) - (float)k * -2.12194440e-4f;
-    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
-                + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
-    float y = p * (r * r) + r + 1.0f;
-    int k1 = k / 2; /* two steps keep each factor a normal float; k in [-150, 128] */
-    return y * cb_pow2f(k1) * cb_pow2f(k - k1);
+    return cb_expf_inline(x);
 }
 
 /* x = n*pi/2 + r with |r| <= pi/4. pi/2 is split Cody-Waite style into three

@@ -14,11 +14,40 @@
 #include <stdint.h>
 #include <string.h>
 
-float cb_expf(float x);
+float cb_expf(float x); /* cb_expf_inline, out of line */
 float cb_sinf(float x);
 float cb_cosf(float x);
 uint16_t cb_f32_to_f16(float f); /* round to nearest even */
 uint32_t cb_crc32(uint32_t crc, const uint8_t *p, size_t n); /* zlib.crc32(p, crc) */
+
+static inline float cb_pow2f(int32_t n) /* 2^n for n in [-126, 127] */
+{
+    uint32_t bits = (uint32_t)(n + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Cephes expf: x = k*ln2 + r with ln2 split so k*LN2_HI is exact, then a degree-6 polynomial for e^r on
+ * |r| <= ln2/2 (about 1 ulp). Written without branches (the special inputs are selected at the end and
+ * the arithmetic runs on a clamped x) so loops over it become vector code; every value is computed by the
+ * same operations in the same order either way. */
+static inline float cb_expf_inline(float x)
+{
+    const float hi = 88.72283935546875f, lo = -103.972084045410156f;
+    float xc = x > hi ? hi : x < lo ? lo : x == x ? x : 0.0f;
+    float fk = xc * 1.44269504088896341f;
+    int32_t k = (int32_t)(fk < 0.0f ? fk - 0.5f : fk + 0.5f);
+    float r = (xc - (float)k * 0.693359375f) - (float)k * -2.12194440e-4f;
+    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
+                + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
+    float y = p * (r * r) + r + 1.0f;
+    int32_t k1 = k / 2; /* two steps keep each factor a normal float; k in [-150, 128] */
+    y = y * cb_pow2f(k1) * cb_pow2f(k - k1);
+    y = x < lo ? 0.0f : y;
+    y = x > hi ? cb_pow2f(127) * 2.0f : y; /* overflows to +inf, as expf does */
+    return x == x ? y : x + x;
+}
 
 /* sqrt is exactly rounded by IEEE on every FPU; with -fno-math-errno this is one instruction. */
 #if defined(__GNUC__)

@@ -645,18 +645,28 @@ static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, flo
         out[i] = x[i] * inv * w[i];
 }
 
+/* Loops in chunks of eight with a fixed trip count, so the compiler makes vector code of them without a
+ * remainder loop or an alias check; each element is computed as in a plain loop. */
+#define CB_CHUNKED(i, n, body)                      \
+    do {                                            \
+        size_t i##0_ = 0;                           \
+        for (; i##0_ + 8 <= (n); i##0_ += 8)        \
+            for (size_t i = i##0_; i < i##0_ + 8; i++) \
+                body;                               \
+        for (size_t i = i##0_; i < (n); i++)        \
+            body;                                   \
+    } while (0)
+
 static void cb_softmax(float *v, size_t n)
 {
-    float max = v[0], sum = 0.0f;
+    float max = v[0], part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t i = 1; i < n; i++)
         if (v[i] > max)
             max = v[i];
-    for (size_t i = 0; i < n; i++) {
-        v[i] = cb_expf(v[i] - max);
-        sum += v[i];
-    }
-    for (size_t i = 0; i < n; i++)
-        v[i] /= sum;
+    CB_CHUNKED(i, n, v[i] = cb_expf_inline(v[i] - max));
+    CB_CHUNKED(i, n, part[i % 8] = part[i % 8] + v[i]); /* eight partial sums, as cb_dot */
+    float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+    CB_CHUNKED(i, n, v[i] = v[i] / sum);
 }
 
 /* HF rotate_half: dimension i pairs with i + head_dim/2, not with its neighbour.
@@ -693,11 +703,8 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
             scores[t] = cb_dot(q, keys + t * kvdim + kv, hd) * scale;
         cb_softmax(scores, pos + 1);
         memset(att, 0, hd * sizeof *att);
-        for (size_t t = 0; t <= pos; t++) {
-            const float *v = values + t * kvdim + kv;
-            for (size_t i = 0; i < hd; i++)
-                att[i] += scores[t] * v[i];
-        }
+        for (size_t t = 0; t <= pos; t++)
+            cb_axpy(att, scores[t], values + t * kvdim + kv, hd);
     }
 }
 
@@ -719,8 +726,7 @@ static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const 
     cb_rows(up, w, n, u);
     cb_mm(c, i + X_GATE, n, xb, g, cb_ones, 0);
     cb_mm_x(c, i + X_UP, n, xb, u, cb_ones, 0, 1);
-    for (size_t j = 0; j < n * w; j++)
-        gate[j] = gate[j] / (1.0f + cb_expf(-gate[j])) * up[j]; /* silu(gate) * up */
+    CB_CHUNKED(j, n * w, gate[j] = gate[j] / (1.0f + cb_expf_inline(-gate[j])) * up[j]); /* silu(gate) * up */
     cb_mm(c, i + X_DOWN, n, (const float *const *)g, out, alpha, 1);
 }
 

@@ -33,6 +33,7 @@ typedef struct cb_tensor {
 } cb_tensor;
 
 float cb_dot(const float *a, const float *b, size_t n);
+void cb_axpy(float *restrict y, float a, const float *restrict x, size_t n); /* y[i] += a * x[i] */
 
 /* y[r] = (accumulate ? y[r] : 0) + alpha * (W x)[r]. x has cols, y rows elements; they must not overlap. */
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);

@@ -153,7 +153,12 @@ void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_x
         size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
         for (size_t j0 = 0; j0 < n; j0 += CB_MAX_TOKENS) {
             size_t m = n - j0 < CB_MAX_TOKENS ? n - j0 : CB_MAX_TOKENS;
-            for (size_t j = 0; j < m; j++)
+            size_t j = 0;
+#if defined(CB_Q8_TILE_PAIR) /* an ISA path may take two tokens per pass over the tile */
+            for (; j + 2 <= m; j += 2)
+                cb_tile_dot2(t, r / CB_TILE_ROWS, &xq[j0 + j], &xq[j0 + j + 1], dot[j], dot[j + 1]);
+#endif
+            for (; j < m; j++)
                 cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j]), dot[j]);
             cb_outl next = cb_tile_finish(t, o, r, nr, m, x + j0, dot, alpha + j0, y + j0, accumulate);
             if (j0 + m >= n)
