@@ -663,7 +663,7 @@ static void cb_softmax(float *v, size_t n)
     for (size_t i = 1; i < n; i++)
         if (v[i] > max)
             max = v[i];
-    CB_CHUNKED(i, n, v[i] = cb_expf_inline(v[i] - max));
+    cb_exp_shift(v, n, max);
     CB_CHUNKED(i, n, part[i % 8] = part[i % 8] + v[i]); /* eight partial sums, as cb_dot */
     float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
     CB_CHUNKED(i, n, v[i] = v[i] / sum);
@@ -726,7 +726,7 @@ static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const 
     cb_rows(up, w, n, u);
     cb_mm(c, i + X_GATE, n, xb, g, cb_ones, 0);
     cb_mm_x(c, i + X_UP, n, xb, u, cb_ones, 0, 1);
-    CB_CHUNKED(j, n * w, gate[j] = gate[j] / (1.0f + cb_expf_inline(-gate[j])) * up[j]); /* silu(gate) * up */
+    cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
     cb_mm(c, i + X_DOWN, n, (const float *const *)g, out, alpha, 1);
 }
 

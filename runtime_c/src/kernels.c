@@ -56,6 +56,67 @@ void cb_axpy(float *restrict y, float a, const float *restrict x, size_t n)
         y[i] = y[i] + a * x[i];
 }
 
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+#include <immintrin.h>
+/* cb_expf_inline on eight lanes: the same operations in the same order (a mul and an add where it
+ * has them, never an FMA; the truncating conversion C's cast does; k / 2 rounding towards zero), the
+ * special inputs blended in at the end as it selects them. */
+static inline __m256 cb_exp8(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-103.972084045410156f);
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 above = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 xc = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(x, zero, nan), lo, below), hi, above);
+    __m256 fk = _mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f));
+    __m256 half = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(-0.5f), _mm256_cmp_ps(fk, zero, _CMP_LT_OQ));
+    __m256i k = _mm256_cvttps_epi32(_mm256_add_ps(fk, half));
+    __m256 kf = _mm256_cvtepi32_ps(k);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(kf, _mm256_set1_ps(0.693359375f))),
+                             _mm256_mul_ps(kf, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(1.9875691500e-4f), r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    __m256i k1 = _mm256_srai_epi32(_mm256_add_epi32(k, _mm256_srli_epi32(k, 31)), 1);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(k, k1), bias), 23));
+    y = _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+    y = _mm256_blendv_ps(y, zero, below);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), above);
+    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), nan);
+}
+#define CB_EXP8 1
+#endif
+
+void cb_exp_shift(float *v, size_t n, float shift)
+{
+    size_t i = 0;
+#if defined(CB_EXP8)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(v + i, cb_exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(shift))));
+#endif
+    for (; i < n; i++)
+        v[i] = cb_expf_inline(v[i] - shift);
+}
+
+void cb_silu_mul(float *restrict g, const float *restrict u, size_t n)
+{
+    size_t i = 0;
+#if defined(CB_EXP8)
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i), e = cb_exp8(_mm256_xor_ps(gv, sign));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + cb_expf_inline(-g[i])) * u[i];
+}
+
 float cb_scale(const cb_tensor *t, size_t r, size_t g)
 {
     size_t i = t->tiled ? ((r / CB_TILE_ROWS) * t->n_groups + g) * CB_TILE_ROWS + r % CB_TILE_ROWS

@@ -34,6 +34,10 @@ typedef struct cb_tensor {
 
 float cb_dot(const float *a, const float *b, size_t n);
 void cb_axpy(float *restrict y, float a, const float *restrict x, size_t n); /* y[i] += a * x[i] */
+/* v[i] = cb_expf(v[i] - shift), and g[i] = silu(g[i]) * u[i] = g[i] / (1 + cb_expf(-g[i])) * u[i]: with
+ * AVX2 eight at a time, by the same operations, so the same bits as the scalar loops */
+void cb_exp_shift(float *v, size_t n, float shift);
+void cb_silu_mul(float *restrict g, const float *restrict u, size_t n);
 
 /* y[r] = (accumulate ? y[r] : 0) + alpha * (W x)[r]. x has cols, y rows elements; they must not overlap. */
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate);

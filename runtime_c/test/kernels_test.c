@@ -13,7 +13,8 @@
  * x is followed by NaNs and y by sentinels: a kernel that reads x beyond
  * cols or writes y beyond rows fails. cb_matmul (several tokens, a split row range) must
  * equal cb_matvec per token bit for bit, as must cb_matmul_scalar cb_matvec_scalar. Built with -fsanitize=address the
- * buffers are exact-size heap blocks instead, so an over-read traps.
+ * buffers are exact-size heap blocks instead, so an over-read traps. cb_exp_shift and cb_silu_mul must
+ * equal cb_expf element by element, bit for bit.
  *
  * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
  * and exits 1 on the first failure.
@@ -217,6 +218,34 @@ static int check_matmul(const cb_tensor *t, rng *r)
     return bad;
 }
 
+/* cb_exp_shift and cb_silu_mul (vector code where the target has it) against cb_expf element by element,
+ * bit for bit, over a sweep of inputs with the special ones: NaN, infinities, the clamp edges, subnormals. */
+static int check_exp(void)
+{
+    static float v[4099], g[4099], u[4099], want[4099], wg[4099];
+    static const float special[] = {0.0f, -0.0f, 88.72283935546875f, 88.7228394f, -103.972084045410156f,
+                                    -103.97209f, 1e-40f, -1e-40f, 200.0f, -200.0f, 0.5f, -0.5f};
+    const size_t n = sizeof v / sizeof *v;
+    rng r = {12345};
+    for (size_t i = 0; i < n; i++) {
+        v[i] = i < 12 ? special[i] : i == 12 ? NAN : i == 13 ? INFINITY : i == 14 ? -INFINITY
+                                                 : uniform(&r) * (i % 3 == 0 ? 120.0f : 12.0f);
+        g[i] = v[i];
+        u[i] = uniform(&r);
+        want[i] = cb_expf(v[i] - 1.5f);
+        wg[i] = g[i] / (1.0f + cb_expf(-g[i])) * u[i];
+    }
+    cb_exp_shift(v, n, 1.5f);
+    cb_silu_mul(g, u, n);
+    for (size_t i = 0; i < n; i++)
+        if ((memcmp(&v[i], &want[i], 4) && !(isnan(v[i]) && isnan(want[i])))
+            || (memcmp(&g[i], &wg[i], 4) && !(isnan(g[i]) && isnan(wg[i])))) {
+            printf("FAIL exp/silu at %zu: %a vs %a, %a vs %a\n", i, v[i], want[i], g[i], wg[i]);
+            return 1;
+        }
+    return 0;
+}
+
 int main(void)
 {
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
@@ -225,6 +254,8 @@ int main(void)
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
     double worst = 0.0;
+    if (check_exp())
+        return 1;
     for (int kind = 0; kind < N_KINDS; kind++)
         for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
             for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
