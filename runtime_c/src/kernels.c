@@ -29,32 +29,7 @@
 #define CB_INLINE static inline
 #endif
 
-/* Eight partial sums (element i into sum i % 8) combined pairwise: one fixed order on every target, and
- * eight independent chains instead of one long one; a compiler that keeps them in a vector register
- * changes no bit. */
-float cb_dot(const float *a, const float *b, size_t n)
-{
-    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t l = 0; l < 8; l++)
-            s[l] = s[l] + a[i + l] * b[i + l];
-    for (size_t l = 0; i < n; i++, l++)
-        s[l] = s[l] + a[i] * b[i];
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-}
 
-/* y[i] += a * x[i]: in chunks of eight with a fixed trip count, which the compiler turns into vector
- * code without an alias check or a remainder loop; every element is still one multiply and one add. */
-void cb_axpy(float *restrict y, float a, const float *restrict x, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t l = 0; l < 8; l++)
-            y[i + l] = y[i + l] + a * x[i + l];
-    for (; i < n; i++)
-        y[i] = y[i] + a * x[i];
-}
 
 #if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
 #include <immintrin.h>

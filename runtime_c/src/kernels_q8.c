@@ -35,9 +35,57 @@
 #endif
 #endif
 
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+#include <immintrin.h>
+/* One whole block of cb_quantize_q8, eight lanes at a time, the same operations: MAXPS returns its second
+ * operand when the first is NaN, so a NaN is skipped as the scalar comparison skips it. */
+static void cb_quantize_block8(const float *x, int8_t *q, float *d, int32_t *s)
+{
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(_mm256_and_ps(v[i], mag), m);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float amax = _mm_cvtss_f32(h);
+    if (!(amax >= 0x1p-100f))
+        amax = 0.0f;
+    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f), zero = _mm256_setzero_ps();
+    __m256i w[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256 f = _mm256_mul_ps(v[i], id);
+        f = _mm256_add_ps(f, _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f),
+                                               _mm256_cmp_ps(f, zero, _CMP_GE_OQ)));
+        __m256 ok = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-128.0f), _CMP_GT_OQ),
+                                  _mm256_cmp_ps(f, _mm256_set1_ps(128.0f), _CMP_LT_OQ));
+        __m256i t = _mm256_and_si256(_mm256_cvttps_epi32(f), _mm256_castps_si256(ok));
+        t = _mm256_min_epi32(_mm256_max_epi32(t, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+        sum = _mm256_add_epi32(sum, t);
+        w[i] = t;
+    }
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
+    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *d = amax / 127.0f;
+    *s = _mm_cvtsi128_si32(s4);
+}
+#define CB_QUANTIZE_BLOCK8 1
+#endif
+
 void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
 {
     for (size_t b = 0, k0 = 0; k0 < n; b++, k0 += CB_ACT_BLOCK) {
+#if defined(CB_QUANTIZE_BLOCK8)
+        if (n - k0 >= CB_ACT_BLOCK) {
+            cb_quantize_block8(x + k0, q + k0, d + b, s + b);
+            continue;
+        }
+#endif
         size_t k1 = n - k0 < CB_ACT_BLOCK ? n : k0 + CB_ACT_BLOCK;
         float amax = 0.0f;
         for (size_t k = k0; k < k1; k++) {

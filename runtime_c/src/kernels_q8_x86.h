@@ -201,23 +201,15 @@ static void cb_tile_store(cb_tile_acc v, float *out)
     _mm256_storeu_ps(out + 8, v.hi);
 }
 
-/* Two tokens over one tile: the weights and their absolute values are loaded and taken once for both. */
-#define CB_AVX2_HALF2(wv, k, lo0, lo1)                                                                  \
-    do {                                                                                                \
-        __m256i aw_ = _mm256_abs_epi8(wv);                                                              \
-        __m256i p0_ = _mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x0_, wv));                             \
-        __m256i p1_ = _mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x1_, wv));                             \
-        lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(p0_, ones));                                     \
-        lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(p1_, ones));                                     \
-    } while (0)
-
+/* Two tokens over one tile: the weights and their absolute values are loaded and taken once for both.
+ * The tile goes by in two passes of eight rows, which keeps everything in the sixteen YMM registers. */
 #define CB_AVX2_CHUNK2(k)                                                                               \
     do {                                                                                                \
+        __m256i wv_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));               \
+        __m256i aw_ = _mm256_abs_epi8(wv_);                                                             \
         __m256i x0_ = _mm256_set1_epi32(cb_ld4(q0 + 4 * (k))), x1_ = _mm256_set1_epi32(cb_ld4(q1 + 4 * (k))); \
-        __m256i wa_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));               \
-        __m256i wb_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k) + 32));          \
-        CB_AVX2_HALF2(wa_, k, a0, b0);                                                                  \
-        CB_AVX2_HALF2(wb_, k, a1, b1);                                                                  \
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x0_, wv_)), ones)); \
+        c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x1_, wv_)), ones)); \
     } while (0)
 
 #define CB_Q8_TILE_PAIR 1
@@ -225,34 +217,36 @@ static void cb_tile_dot2(const cb_tensor *t, size_t tile, const cb_xq *x0, const
                          float *out1)
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
-    const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, s0 = c00, s1 = c00;
-    for (size_t b = 0, g = 0, left = 0; b < blocks; b++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
-        if (left == 0) {
-            cb_tile_scales(t, tile, g++, &s0, &s1);
-            left = per_group;
+    for (size_t half = 0; half < 2; half++) { /* rows 0-7, then rows 8-15 */
+        const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols + 32 * half;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, sc = acc0, unused;
+        for (size_t b = 0, g = 0, left = 0; b < blocks; b++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
+            if (left == 0) {
+                if (half == 0)
+                    cb_tile_scales(t, tile, g++, &sc, &unused);
+                else
+                    cb_tile_scales(t, tile, g++, &unused, &sc);
+                left = per_group;
+            }
+            const int8_t *q0 = x0->q + b * CB_ACT_BLOCK, *q1 = x1->q + b * CB_ACT_BLOCK;
+            __m256i a = _mm256_setzero_si256(), c = a; /* token 0, token 1 */
+            CB_AVX2_CHUNK2(0);
+            CB_AVX2_CHUNK2(1);
+            CB_AVX2_CHUNK2(2);
+            CB_AVX2_CHUNK2(3);
+            CB_AVX2_CHUNK2(4);
+            CB_AVX2_CHUNK2(5);
+            CB_AVX2_CHUNK2(6);
+            CB_AVX2_CHUNK2(7);
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a),
+                                                                   _mm256_set1_ps(x0->d[b])), sc));
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c),
+                                                                   _mm256_set1_ps(x1->d[b])), sc));
         }
-        const int8_t *q0 = x0->q + b * CB_ACT_BLOCK, *q1 = x1->q + b * CB_ACT_BLOCK;
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0; /* token 0 rows 0-7, 8-15; token 1 */
-        CB_AVX2_CHUNK2(0);
-        CB_AVX2_CHUNK2(1);
-        CB_AVX2_CHUNK2(2);
-        CB_AVX2_CHUNK2(3);
-        CB_AVX2_CHUNK2(4);
-        CB_AVX2_CHUNK2(5);
-        CB_AVX2_CHUNK2(6);
-        CB_AVX2_CHUNK2(7);
-        __m256 d0 = _mm256_set1_ps(x0->d[b]), d1 = _mm256_set1_ps(x1->d[b]);
-        c00 = _mm256_add_ps(c00, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), d0), s0));
-        c01 = _mm256_add_ps(c01, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1), d0), s1));
-        c10 = _mm256_add_ps(c10, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b0), d1), s0));
-        c11 = _mm256_add_ps(c11, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(b1), d1), s1));
+        _mm256_storeu_ps(out0 + 8 * half, acc0);
+        _mm256_storeu_ps(out1 + 8 * half, acc1);
     }
-    _mm256_storeu_ps(out0, c00);
-    _mm256_storeu_ps(out0 + 8, c01);
-    _mm256_storeu_ps(out1, c10);
-    _mm256_storeu_ps(out1 + 8, c11);
 }
 #endif
 

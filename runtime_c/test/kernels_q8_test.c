@@ -262,6 +262,52 @@ typedef struct acts {
     cb_xq xq[MAX_TOKENS];
 } acts;
 
+/* FORMAT.md's quantization rule written out once more, element by element: cb_quantize_q8 (vector code on
+ * some targets) must give exactly its q, d and s, also for NaN, infinities, -0, subnormals and the extremes. */
+static int check_quantizer(rng *r)
+{
+    static float x[320];
+    static int8_t q[320];
+    static float d[10];
+    static int32_t s[10];
+    static const float special[] = {0.0f, -0.0f, 1e-40f, -3e-38f, 0x1p-100f, 0x1p-101f, 3.4e38f, -3.4e38f};
+    for (int round = 0; round < 200; round++) {
+        for (size_t k = 0; k < 320; k++) {
+            float scale = round % 7 == 0 ? 1e-36f : round % 7 == 1 ? 1e30f : 1.0f;
+            x[k] = uniform(r) * scale;
+            if (next(r) % 40 == 0)
+                x[k] = special[next(r) % 8];
+            if (round % 5 == 2 && next(r) % 50 == 0)
+                x[k] = next(r) % 3 == 0 ? NAN : next(r) % 2 ? INFINITY : -INFINITY;
+            if (round % 9 == 4 && k % 32 < 31)
+                x[k] = 0.0f; /* blocks of zeros with one value */
+        }
+        cb_quantize_q8(x, 320, q, d, s);
+        for (size_t b = 0; b < 10; b++) {
+            float amax = 0.0f;
+            for (size_t k = 32 * b; k < 32 * b + 32; k++) {
+                float v = x[k] < 0.0f ? -x[k] : x[k];
+                amax = v > amax ? v : amax;
+            }
+            amax = amax >= 0x1p-100f ? amax : 0.0f;
+            float id = amax > 0.0f ? 127.0f / amax : 0.0f, dd = amax / 127.0f;
+            int32_t sum = 0;
+            for (size_t k = 32 * b; k < 32 * b + 32; k++) {
+                float f = x[k] * id;
+                f = f + (f >= 0.0f ? 0.5f : -0.5f);
+                int32_t v = f > -128.0f && f < 128.0f ? (int32_t)f : 0;
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                if (q[k] != v)
+                    return fail("quantizer q", 0, 320, 32, k, (size_t)round, q[k], v);
+                sum += v;
+            }
+            if (memcmp(&d[b], &dd, sizeof dd) != 0 || s[b] != sum)
+                return fail("quantizer d/s", 0, 320, 32, b, (size_t)round, d[b], dd);
+        }
+    }
+    return 0;
+}
+
 static int make_acts(acts *a, size_t n, size_t cols, rng *r)
 {
     for (size_t j = 0; j < n; j++) {
@@ -324,6 +370,8 @@ int main(void)
     rng r = {0x9E3779B97F4A7C15ull};
     static acts a;
     size_t cases = 0, outputs = 0;
+    if (check_quantizer(&r))
+        return 1;
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
         for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)
             for (int variant = 0; variant < 6; variant++) {
