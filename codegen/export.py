@@ -20,7 +20,7 @@ from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
-from .plan import MAX_PREFILL_BLOCK, plan_arena
+from .plan import MAX_PREFILL_BLOCK, MCU_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
@@ -66,6 +66,12 @@ class ExportResult:
     manifest: dict
 
 
+def block_limit(layout: str) -> int:
+    """The largest prefill block the runtime of the layout's targets takes: microcontrollers (row layout)
+    keep the runtime's row-pointer arrays, and so their stack, at 32 tokens."""
+    return MCU_PREFILL_BLOCK if layout == "rows" else MAX_PREFILL_BLOCK
+
+
 def default_max_seq(spec: ModelSpec) -> int:
     return max(1, min(spec.max_position, DEFAULT_MAX_SEQ_CAP))
 
@@ -97,8 +103,10 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= 1 << 20:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
-    if not 0 <= opts.prefill_block <= MAX_PREFILL_BLOCK:
-        raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {MAX_PREFILL_BLOCK}]")
+    max_block = block_limit(opts.layout)
+    if not 0 <= opts.prefill_block <= max_block:
+        why = "" if max_block == MAX_PREFILL_BLOCK else " (row layout: a microcontroller's runtime takes 32)"
+        raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {max_block}]{why}")
     demo = _demo_defaults(ckpt_dir)
     prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
     generate = opts.generate or demo.get("generate") or 16
@@ -171,7 +179,8 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=uses_q8(spec, opts.quant, opts.group_size))
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=uses_q8(spec, opts.quant, opts.group_size),
+                      max_block=block_limit(opts.layout))
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS

@@ -17,9 +17,10 @@ ALIGN = 64
 F32 = 4
 # Tokens one prefill block holds: a prompt runs through the layers this many tokens at a time, each
 # expert's weights read once per block. Recorded in the blob header (FORMAT.md); the runtime
-# accepts 1..MAX_PREFILL_BLOCK (its CB_MAX_BLOCK).
-PREFILL_BLOCK = 32
-MAX_PREFILL_BLOCK = 32
+# accepts 1..MAX_PREFILL_BLOCK (its CB_MAX_BLOCK), a microcontroller build 1..MCU_PREFILL_BLOCK.
+PREFILL_BLOCK = 128
+MAX_PREFILL_BLOCK = 128
+MCU_PREFILL_BLOCK = 32
 UNBLOCKED = ("key_cache", "value_cache", "scores")  # buffers that do not grow with the block
 
 # (name, first step, last step) in FORMAT.md order; steps are those of one layer, taken by all the
@@ -84,13 +85,13 @@ class ArenaPlan:
         }
 
 
-def prefill_block(spec: ModelSpec, max_seq: int) -> int:
-    """The default block: as many tokens (up to PREFILL_BLOCK and max_seq) as keep the per-token
-    buffers within the KV cache's size, so blocking at most about doubles the arena of a small
-    model (RAM is what a microcontroller runs out of) while large models get the full block."""
+def prefill_block(spec: ModelSpec, max_seq: int, cap: int = PREFILL_BLOCK) -> int:
+    """The default block: as many tokens (up to cap and max_seq) as keep the per-token buffers
+    within the KV cache's size, so blocking at most about doubles the arena of a small model (RAM
+    is what a microcontroller runs out of) while large models get the full block."""
     per_token = sum(v for k, v in buffer_elements(spec, max_seq, 1).items() if k not in UNBLOCKED) * F32
     kv = 2 * spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim * F32
-    return max(1, min(PREFILL_BLOCK, max_seq, kv // per_token))
+    return max(1, min(cap, max_seq, kv // per_token))
 
 
 def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1) -> dict[str, int]:
@@ -120,14 +121,15 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
     return BUFFER_LIFETIMES if extra else BUFFER_LIFETIMES[:N_BASE_BUFFERS]
 
 
-def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool = False) -> ArenaPlan:
+def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool = False,
+               max_block: int = MAX_PREFILL_BLOCK) -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
     buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
-    block: tokens per prefill block (default: prefill_block()); q8: the model has integer matmuls,
-    which need the xq buffer (last in `buffers`)."""
-    block = prefill_block(spec, max_seq) if not block else block
-    if not 1 <= block <= MAX_PREFILL_BLOCK:
-        raise ValueError(f"prefill block {block} outside 1..{MAX_PREFILL_BLOCK}")
+    block: tokens per prefill block (default: prefill_block(), at most max_block); q8: the model has
+    integer matmuls, which need the xq buffer (last in `buffers`)."""
+    block = prefill_block(spec, max_seq, max_block) if not block else block
+    if not 1 <= block <= max_block:
+        raise ValueError(f"prefill block {block} outside 1..{max_block}")
     elems = buffer_elements(spec, max_seq, block)
     lifetimes = buffer_lifetimes(spec) + ((XQ_BUFFER,) if q8 else ())
     sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes if name != "xq"}

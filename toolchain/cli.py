@@ -126,7 +126,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
-                   help="tokens a prefill pushes through the layers at once, 1..32 (more arena, faster prefill; "
+                   help="tokens a prefill pushes through the layers at once, 1..128, 1..32 with --layout rows (more "
+                        "arena, faster prefill; "
                         "0: as many as keep those buffers within the KV cache's size)")
     e.add_argument("--layout", default="tiled16", choices=["tiled16", "rows"],
                    help="order of the int8 matrices: 16-row tiles for SIMD kernels (x86, NEON, RVV), rows for "

@@ -85,10 +85,12 @@ def gen_dir(quant: str, layout: str) -> str:
 
 
 def _export(env, ckpt: Path, gen: Path, opts: dict):
-    """The codegen Builder: the checkpoint files and the options are its sources."""
+    """The codegen Builder: the checkpoint files, the options and the exporter's own code are its sources
+    (a newer exporter may write another format or plan)."""
     files = sorted(str(p) for p in ckpt.iterdir() if p.name in EXPORT_INPUTS or p.suffix == ".safetensors")
+    codegen = sorted(str(p) for p in (ROOT / "codegen").rglob("*") if p.suffix in (".py", ".j2"))
     outs = [str(gen / n) for n in ("model.h", "model.c", "model_blob.S", "model.bin", "manifest.json")]
-    env.Command(outs, files + [Value(json.dumps(opts, sort_keys=True))],
+    env.Command(outs, files + codegen + [Value(json.dumps(opts, sort_keys=True))],
                 Action(_export_action, f"EXPORT {ckpt.name} ({opts['quant']}) -> {gen}"),
                 COLIBRI_CKPT=str(ckpt), COLIBRI_GEN=str(gen), COLIBRI_EXPORT_OPTS=json.dumps(opts))
     return {Path(o).name: o for o in outs}

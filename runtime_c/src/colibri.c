@@ -52,7 +52,14 @@
 #define CB_H_DENSE_FFN 204u
 #define CB_H_ROUTED_SCALE 208u
 #define CB_H_PREFILL_BLOCK 212u /* tokens per block of the arena plan; 0 (every older blob) means 1 */
+/* Tokens a prefill block may hold (FORMAT.md): 128, so each expert's weights are read once per 128 prompt
+ * tokens; 32 on microcontrollers (no parallel hook), whose stack reservation is a few KiB and whose
+ * arrays of row pointers grow with it. */
+#if defined(COLIBRI_NO_PARALLEL)
 #define CB_MAX_BLOCK 32u
+#else
+#define CB_MAX_BLOCK 128u
+#endif
 #define CB_H_DENSE_MAP 216u /* 32 bytes: bit l % 8 of byte l / 8 set when layer l is a dense MLP */
 #define CB_DENSE_MAP_LAYERS 256u
 #define CB_MAX_TOP_K 16u
@@ -608,7 +615,13 @@ static void cb_mv(const colibri_ctx *c, size_t i, const float *x, float *y, floa
 }
 
 #define CB_ONE4 1.0f, 1.0f, 1.0f, 1.0f
-static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4};
+#define CB_ONE32 CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4
+#if CB_MAX_BLOCK == 32u
+static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE32};
+#else
+static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE32, CB_ONE32, CB_ONE32, CB_ONE32};
+#endif
+_Static_assert(sizeof cb_ones / sizeof *cb_ones == CB_MAX_BLOCK, "one weight per token of a block");
 
 /* The row pointers of a block's tokens in a buffer of rows of width w */
 static void cb_rows(float *buf, size_t w, size_t n, float **out)
