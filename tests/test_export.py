@@ -162,3 +162,22 @@ def test_checkpoint_colibri_json_sets_the_builtin_prompt(tmp_path):
     (ckpt / "colibri.json").write_text('{"prompt": "not a list"}')
     res = colibri("export", ckpt, "-o", tmp_path / "out2")
     assert res.returncode == 2 and "colibri.json" in res.stderr
+
+
+def test_layouts_and_their_prefill_blocks(tmp_path):
+    """Linux kernels take 16-row tiles and blocks up to 128 tokens; the row layout (microcontrollers) up to 32,
+    and asking it for more is refused before anything is written."""
+    from blobread import header
+
+    ckpt = synth(tmp_path / "m", **SMALL)
+    for layout, block, code in (("tiled16", 128, 0), ("rows", 32, 0), ("rows", 33, 2), ("tiled16", 129, 2)):
+        out = tmp_path / f"{layout}-{block}"
+        res = colibri("export", ckpt, "-o", out, "--layout", layout, "--prefill-block", str(block), "--max-seq", "200")
+        assert res.returncode == code, res.stderr
+        if code:
+            assert res.stderr.count("\n") == 1 and f"--prefill-block {block} outside" in res.stderr, res.stderr
+            assert not out.exists()
+            continue
+        h = header((out / "model.bin").read_bytes())
+        assert (h["version_minor"], h["layout"]) == (2, {"tiled16": 2, "rows": 1}[layout])
+        assert json.loads((out / "manifest.json").read_text())["arena"]["prefill_block"] == block
