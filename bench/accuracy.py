@@ -31,7 +31,8 @@ from colibri.runtime import load  # noqa: E402
 
 from q8_0 import Q8_0Weights  # noqa: E402
 
-VARIANTS = (("f32", ()), ("f16", ()), ("int8", ()), ("int8c", ()))
+VARIANTS = (("f32", ()), ("f16", ()), ("int8", ()), ("int8c", ()),
+            ("int8", ("ACTIVATIONS=float",)), ("int8c", ("ACTIVATIONS=float",)), ("int8c", ("GROUP_SIZE=64",)))
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -98,19 +99,19 @@ def main() -> int:
                          for ids, (_, want) in zip(fp32_answers, problems, strict=True)])
 
     print(f"demo model {ckpt.name}: {n} held-out problems, max_digits {task['max_digits']}")
-    print(f"{'variant':<18} {'bits/w':>7} {'exact':>7} {'mean KL':>10} {'top-1':>7}  runtime")
-    print(f"{'fp32 reference':<18} {32.0:7.3f} {ref_exact:7.2%} {0.0:10.2e} {1.0:7.2%}  numpy")
+    print(f"{'variant':<20} {'bits/w':>7} {'exact':>7} {'mean KL':>10} {'top-1':>7}  runtime")
+    print(f"{'fp32 reference':<20} {32.0:7.3f} {ref_exact:7.2%} {0.0:10.2e} {1.0:7.2%}  numpy")
     quantized = [k for k in weights if not (k.endswith("norm") or k.endswith("moe.router"))]
     q8 = Reference(c.spec, Q8_0Weights(weights, set(quantized)))  # Q8_0 weights and activations, as llama.cpp
     q8_logits = teacher_forced(q8.forward, q8.reset, prompts, fp32_answers)
     q8_exact = np.mean([adder_task.decode_answer(greedy(q8, p, task["max_new_tokens"])) == want
                         for p, (_, want) in zip(prompts, problems, strict=True)])
     kl, top1 = compare(base, q8_logits)
-    print(f"{'Q8_0 (llama.cpp)':<18} {8.5:7.3f} {q8_exact:7.2%} {kl:10.2e} {top1:7.2%}  numpy")
+    print(f"{'Q8_0 (llama.cpp)':<20} {8.5:7.3f} {q8_exact:7.2%} {kl:10.2e} {top1:7.2%}  numpy")
 
     build = ROOT / "build" / "accuracy"
     for quant, extra in VARIANTS:
-        label = quant + ("".join(f" {e.split('=')[0].lower()}={e.split('=')[1]}" for e in extra))
+        label = quant + ("".join(f" {e.split('=')[0].lower()[:3]}={e.split('=')[1]}" for e in extra))
         broot = build / (quant + "".join(e.replace("=", "") for e in extra))
         t0 = time.perf_counter()
         subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={broot}",
@@ -123,7 +124,7 @@ def main() -> int:
         exact = np.mean([adder_task.decode_answer(greedy(m, p, task["max_new_tokens"])) == want
                          for p, (_, want) in zip(prompts, problems, strict=True)])
         kl, top1 = compare(base, teacher_forced(m.forward, m.reset, prompts, fp32_answers))
-        print(f"{label:<18} {bits:7.3f} {exact:7.2%} {kl:10.2e} {top1:7.2%}  C ({time.perf_counter() - t0:.1f} s)")
+        print(f"{label:<20} {bits:7.3f} {exact:7.2%} {kl:10.2e} {top1:7.2%}  C ({time.perf_counter() - t0:.1f} s)")
     return 0
 
 

@@ -57,6 +57,7 @@ class ExportOptions:
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
     workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
+    int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
 
 
 @dataclass
@@ -179,8 +180,8 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=uses_q8(spec, opts.quant, opts.group_size),
-                      max_block=block_limit(opts.layout))
+    q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=block_limit(opts.layout))
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
@@ -192,7 +193,7 @@ def export(
     progress = tensor_progress(report, terminal, len(names), src_bytes)
     with staged_dir(Path(out_dir)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
-            writer = BlobWriter(f, len(order), opts.layout)
+            writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
                     writer.add(q.name, q.qt)
@@ -227,7 +228,7 @@ def export(
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
                      "format_version": format_version(spec, plan),
-                     "layout": opts.layout if uses_q8(spec, opts.quant, opts.group_size) else "rows"},
+                     "layout": opts.layout if q8 else "rows", "int8_activations": q8},
             "arena": plan.to_json(),
             "totals": {
                 "weights": n_weights,

@@ -36,7 +36,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     opts = ExportOptions(
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
-        prefill_block=a.prefill_block, layout=a.layout,
+        prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
     )
     res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
@@ -129,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
                    help="tokens a prefill pushes through the layers at once, 1..128, 1..32 with --layout rows (more "
                         "arena, faster prefill; "
                         "0: as many as keep those buffers within the KV cache's size)")
+    e.add_argument("--float-activations", action="store_true",
+                   help="int8/int8c matrices take float activations (slower; the rounding of int8 activations "
+                        "is then absent from the error)")
     e.add_argument("--layout", default="tiled16", choices=["tiled16", "rows"],
                    help="order of the int8 matrices: 16-row tiles for SIMD kernels (x86, NEON, RVV), rows for "
                         "microcontrollers (MVE, DSP); `colibri build` takes the target's")

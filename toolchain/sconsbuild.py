@@ -79,6 +79,12 @@ def _export_action(target, source, env):  # noqa: ARG001 - SCons action signatur
     return 0
 
 
+def _activations(arg: str) -> bool:
+    if arg not in ("int8", "float"):
+        _fail(f"ACTIVATIONS={arg}: expected int8 or float")
+    return arg == "int8"
+
+
 def gen_dir(quant: str, layout: str) -> str:
     """build/gen/<model>/<this>: the quantization, and the layout when it is not the Linux one."""
     return quant if layout == "tiled16" else f"{quant}-{layout}"
@@ -239,6 +245,7 @@ def build_all(arguments: dict) -> None:
             "group_size": int(arguments.get("GROUP_SIZE", 0)),
             "outlier_frac": float(arguments.get("OUTLIER_FRAC", 0.005)),
             "prefill_block": int(arguments.get("PREFILL_BLOCK", 0)),
+            "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
