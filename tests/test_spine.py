@@ -13,6 +13,7 @@ from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
 
+from blobread import header as blob_header
 from blobread import weights as blob_weights
 from conftest import GOLDEN
 
@@ -71,11 +72,15 @@ def test_int8c_greedy_and_error_bound(case, golden_ckpts, build_model):
         assert rel <= predicted, f"{case} {how}: logit error {rel:.3g} above the predicted {predicted:.3g}"
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8c"])
-def test_prefill_equals_single_steps(quant, golden_ckpts, build_model):
-    out = build_model(golden_ckpts["gqa_top2"], quant)
+@pytest.mark.parametrize("case, quant, extra", [
+    ("gqa_top2", "f32", ()), ("gqa_top2", "int8c", ()),
+    # integer matmuls, tiled: a 128-token block, two tokens per pass over a tile, the corrections per tile
+    ("mixtral_f16", "int8c", ("PREFILL_BLOCK=128", "MAX_SEQ=200")),
+])
+def test_prefill_equals_single_steps(case, quant, extra, golden_ckpts, build_model):
+    out = build_model(golden_ckpts[case], quant, "host", *extra)
     for how, m in _models(out).items():
-        prompt = _prompt(m.vocab)
+        prompt = _prompt(m.vocab) * (5 if extra else 1)  # longer than a block of 32
         batch = m.forward(prompt)
         m.reset()
         for t in prompt:
@@ -83,10 +88,12 @@ def test_prefill_equals_single_steps(quant, golden_ckpts, build_model):
         assert np.array_equal(batch, step), f"{how}: prefill differs from {len(prompt)} single steps"
 
 
-@pytest.mark.parametrize("quant", ["f16", "int8"])
-def test_other_quants_run_and_track_reference(quant, golden_ckpts, build_model):
+@pytest.mark.parametrize("quant, extra", [("f16", ()), ("int8", ()), ("int8c", ("ACTIVATIONS=float",))])
+def test_other_quants_run_and_track_reference(quant, extra, golden_ckpts, build_model):
     ckpt = golden_ckpts["mixtral_f16"]
-    out = build_model(ckpt, quant)
+    out = build_model(ckpt, quant, "host", *extra)
+    h = blob_header((out / "model.bin").read_bytes())
+    assert (h["xq_offset"] != 0) == (quant == "int8"), "int8 activations exactly when asked for"
     spec = open_checkpoint(ckpt).spec
     deq = blob_weights(out / "model.bin")
     ref = Reference(spec, deq, max_seq=256)
