@@ -18,6 +18,8 @@
 #include <arm_neon.h>
 #include <string.h>
 
+#include "kernels_neon.h"
+
 #define CB_Q8_TILED 1
 
 /* sixteen f32 row results (or scales): rows 4i..4i+3 in v[i] */
@@ -30,20 +32,7 @@ typedef struct cb_tile_acc {
  * conversion, which gives a normal f32, so the flush to zero cannot touch it). */
 static inline float32x4_t cb_ld_f16x4(const uint16_t *p)
 {
-#if defined(__aarch64__)
-    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
-#else
-    uint32x4_t h = vmovl_u16(vld1_u16(p));
-    uint32x4_t exp = vandq_u32(h, vdupq_n_u32(0x7c00u)), man = vandq_u32(h, vdupq_n_u32(0x3ffu));
-    uint32x4_t mag = vshlq_n_u32(vandq_u32(h, vdupq_n_u32(0x7fffu)), 13);
-    uint32x4_t normal = vaddq_u32(mag, vdupq_n_u32(112u << 23));
-    uint32x4_t special = vorrq_u32(mag, vdupq_n_u32(0x7f800000u));
-    uint32x4_t sub = vreinterpretq_u32_f32(vmulq_n_f32(vcvtq_f32_u32(man), 0x1p-24f));
-    uint32x4_t bits = vbslq_u32(vceqq_u32(exp, vdupq_n_u32(0x7c00u)), special, normal);
-    bits = vbslq_u32(vceqq_u32(exp, vdupq_n_u32(0)), sub, bits);
-    bits = vorrq_u32(bits, vshlq_n_u32(vandq_u32(h, vdupq_n_u32(0x8000u)), 16));
-    return vreinterpretq_f32_u32(bits);
-#endif
+    return cb_vld_f16(p, 4); /* kernels_neon.h's: the hardware conversion, or the integer rebuild on armv7 */
 }
 
 /* four scales from index i, f16 or f32 */

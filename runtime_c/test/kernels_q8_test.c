@@ -121,20 +121,7 @@ static void put_real(double v)
 }
 #endif
 
-typedef struct rng { uint64_t s; } rng;
-
-static uint32_t next(rng *r)
-{
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (uint32_t)(r->s >> 16);
-}
-
-static float uniform(rng *r) /* [-1, 1) */
-{
-    return (float)(next(r) & 0xffffffu) / 8388608.0f - 1.0f;
-}
+#include "test_rng.h"
 
 typedef struct pair {
     cb_tensor rows, tiled; /* one matrix in both layouts */

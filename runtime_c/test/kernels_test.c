@@ -41,20 +41,7 @@
 #define SLACK 64 /* NaN floats after x, sentinels after y */
 #define SENTINEL 12345.0f
 
-typedef struct rng { uint64_t s; } rng;
-
-static uint32_t next(rng *r)
-{
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (uint32_t)(r->s >> 16);
-}
-
-static float uniform(rng *r) /* [-1, 1) */
-{
-    return (float)(next(r) & 0xffffffu) / 8388608.0f - 1.0f;
-}
+#include "test_rng.h"
 
 typedef struct matrix {
     cb_tensor t;
