@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 
 #include <errno.h>
@@ -205,11 +204,27 @@ static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args 
 
 /* ------------------------------------------------------- the thread pool */
 
-/* colibri_set_parallel's parallel_for over n - 1 pthreads and the calling thread. A job is
- * published by bumping `generation`; every thread takes task indices from `next` until they run
- * out, then checks in. The caller returns once every worker has checked in for this generation,
- * so no worker can still hold the job (or take an index of the next one) afterwards. Workers spin
- * (yielding) between jobs: a forward pass issues a few hundred jobs a token. */
+/* colibri_set_parallel's parallel_for over n - 1 pthreads and the calling thread. The caller opens
+ * a job by making `generation` odd; a worker joins it by counting itself in `active` and then
+ * checking that the job is still open, and every thread in the job takes task indices from `next`
+ * until they run out. The caller then closes the job (generation even) and returns once `active`
+ * is 0, so no worker can still hold the job (or take an index of the next one) afterwards. Both
+ * sides write, then read the other's word, all seq_cst: either the caller sees the worker counted
+ * or the worker sees the job closed. So the caller waits only for workers inside the job: one
+ * asleep or preempted until the caller has taken the last task finds the job closed, stays out.
+ *
+ * A forward pass issues a few hundred jobs a token, mostly a few microseconds apart: too close to
+ * sleep between when the cores are free, as a wake-up costs up to tens of microseconds. But when
+ * the cores are oversubscribed a spinner holds the core the thread it waits for needs, so a waiter
+ * spins only about that long (DEMO_SPINS), then sleeps on a condition variable. */
+#if defined(__x86_64__) || defined(__i386__)
+#define DEMO_SPINS 2000                    /* pauses: 5 to 100 us, by the core */
+#define DEMO_RELAX() __builtin_ia32_pause() /* also spares the sibling hyperthread */
+#else
+#define DEMO_SPINS 10000 /* bare loads: about as long (a guess, not measured on the boards) */
+#define DEMO_RELAX() ((void)0)
+#endif
+
 typedef struct demo_pool {
     pthread_t threads[DEMO_MAX_THREADS];
     size_t n_workers;
@@ -217,10 +232,45 @@ typedef struct demo_pool {
     void *task_ctx;
     size_t n_tasks;
     atomic_size_t next;
-    atomic_size_t checked_in;
-    atomic_uint generation;
+    atomic_uint generation; /* odd while a job is open */
+    atomic_uint active;     /* workers in the job */
     atomic_int stop;
+    atomic_int sleepers; /* threads in, or about to enter, a pthread_cond_wait */
+    pthread_mutex_t lock;
+    pthread_cond_t job;  /* generation or stop changed */
+    pthread_cond_t done; /* active dropped to 0 */
 } demo_pool;
+
+/* After a write to c's predicate. `sleepers` keeps the mutex off the fast path; no wake-up is lost:
+ * the waker writes the predicate then reads `sleepers`, a sleeper counts itself then reads the
+ * predicate, all seq_cst, so one of them sees the other's write; and a sleeper does both under
+ * the mutex the waker takes to broadcast, so the broadcast cannot fall between them and its wait. */
+static void demo_pool_wake(demo_pool *p, pthread_cond_t *c)
+{
+    if (atomic_load(&p->sleepers)) {
+        pthread_mutex_lock(&p->lock);
+        pthread_cond_broadcast(c);
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
+/* Waits until *v == x (eq) or *v != x (!eq), or stop; returns *v. */
+static unsigned demo_pool_wait(demo_pool *p, atomic_uint *v, unsigned x, int eq, pthread_cond_t *c)
+{
+    unsigned now;
+    for (int spins = 0; spins < DEMO_SPINS; spins++) {
+        if (((now = atomic_load(v)) == x) == eq || atomic_load_explicit(&p->stop, memory_order_relaxed))
+            return now;
+        DEMO_RELAX();
+    }
+    pthread_mutex_lock(&p->lock);
+    atomic_fetch_add(&p->sleepers, 1);
+    while (((now = atomic_load(v)) == x) != eq && !atomic_load(&p->stop))
+        pthread_cond_wait(c, &p->lock);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->lock);
+    return now;
+}
 
 static void demo_pool_work(demo_pool *p)
 {
@@ -231,19 +281,16 @@ static void demo_pool_work(demo_pool *p)
 static void *demo_pool_worker(void *arg)
 {
     demo_pool *p = (demo_pool *)arg;
-    unsigned seen = 0;
-    for (;;) {
-        unsigned g;
-        for (unsigned spins = 0; (g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen; spins++) {
-            if (atomic_load_explicit(&p->stop, memory_order_relaxed))
-                return NULL;
-            if (spins > 1000)
-                sched_yield();
-        }
-        seen = g;
-        demo_pool_work(p);
-        atomic_fetch_add_explicit(&p->checked_in, 1, memory_order_release);
+    for (unsigned seen = 0, g; (g = demo_pool_wait(p, &p->generation, seen, 0, &p->job)) != seen; seen = g) {
+        if (!(g & 1))
+            continue; /* closed before we came */
+        atomic_fetch_add(&p->active, 1);
+        if (atomic_load(&p->generation) == g) /* still open: the caller waits for us */
+            demo_pool_work(p);
+        if (atomic_fetch_sub(&p->active, 1) == 1)
+            demo_pool_wake(p, &p->done);
     }
+    return NULL; /* stopped: no job is open once stop is set */
 }
 
 static void demo_parallel_for(colibri_task_fn fn, void *task_ctx, size_t n_tasks, void *user)
@@ -253,20 +300,22 @@ static void demo_parallel_for(colibri_task_fn fn, void *task_ctx, size_t n_tasks
     p->task_ctx = task_ctx;
     p->n_tasks = n_tasks;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->checked_in, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    unsigned g = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1; /* only we write it */
+    atomic_store(&p->generation, g);
+    demo_pool_wake(p, &p->job);
     demo_pool_work(p);
-    while (atomic_load_explicit(&p->checked_in, memory_order_acquire) < p->n_workers)
-        ;
+    atomic_store(&p->generation, g + 1); /* no one joins from here */
+    demo_pool_wait(p, &p->active, 0, 1, &p->done);
 }
 
 /* Starts threads - 1 workers; returns 0 when it could not. */
 static int demo_pool_start(demo_pool *p, size_t threads)
 {
     atomic_init(&p->next, 0);
-    atomic_init(&p->checked_in, 0);
     atomic_init(&p->generation, 0);
+    atomic_init(&p->active, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->sleepers, 0);
     p->n_workers = 0;
     for (size_t i = 0; i + 1 < threads; i++, p->n_workers++)
         if (pthread_create(&p->threads[i], NULL, demo_pool_worker, p) != 0)
@@ -277,6 +326,7 @@ static int demo_pool_start(demo_pool *p, size_t threads)
 static void demo_pool_stop(demo_pool *p)
 {
     atomic_store(&p->stop, 1);
+    demo_pool_wake(p, &p->job);
     for (size_t i = 0; i < p->n_workers; i++)
         pthread_join(p->threads[i], NULL);
 }
@@ -284,7 +334,8 @@ static void demo_pool_stop(demo_pool *p)
 int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
              size_t vocab, const char *prog, const char *name)
 {
-    static demo_pool pool;
+    static demo_pool pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .job = PTHREAD_COND_INITIALIZER,
+                             .done = PTHREAD_COND_INITIALIZER};
     if (a->threads > 1) {
         colibri_status st;
         if (!demo_pool_start(&pool, (size_t)a->threads)) {
