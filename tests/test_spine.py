@@ -116,6 +116,23 @@ def test_demo_prints_tokens_and_rate(golden_ckpts, build_model):
     assert default.stdout.startswith("tokens: ")
 
 
+def test_demo_threads_give_the_same_bits(golden_ckpts, build_model):
+    """The demos' pthread pool behind colibri_set_parallel: any thread count, the one-thread logits, bit for bit
+    (more threads than this machine's cores included: waiters then sleep instead of spinning)."""
+    out = build_model(golden_ckpts["mixtral_f16"], "int8c")
+    runs = {}
+    for prog in ("colibri_demo", "colibri_run"):
+        for threads in (1, 2, 3, 7):
+            argv = [out / prog] + ([out / "model.bin"] if prog == "colibri_run" else [])
+            res = subprocess.run([*argv, "--tokens", "3,17,42,5", "--generate", "12", "--threads", str(threads),
+                                  "--print-logits"], capture_output=True, text=True, check=True, timeout=120)
+            runs[prog, threads] = [x for x in res.stdout.splitlines() if x.startswith(("tokens: ", "logits: "))]
+    first = runs["colibri_demo", 1]
+    assert len(first) == 2
+    for key, lines in runs.items():
+        assert lines == first, f"{key} differs from one thread"
+
+
 def test_symbols_exported_and_undefined(golden_ckpts, build_model):
     out = build_model(golden_ckpts["gqa_top2"], "int8c")
     for so in (out / f"libcolibri_{out.name}.so", out / "libcolibri.so"):
