@@ -715,9 +715,7 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
         for (size_t t = 0; t <= pos; t++)
             scores[t] = cb_dot(q, keys + t * kvdim + kv, hd) * scale;
         cb_softmax(scores, pos + 1);
-        memset(att, 0, hd * sizeof *att);
-        for (size_t t = 0; t <= pos; t++)
-            cb_axpy(att, scores[t], values + t * kvdim + kv, hd);
+        cb_weighted_rows(att, scores, values + kv, kvdim, pos + 1, hd);
     }
 }
 

@@ -460,8 +460,13 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
         for (size_t g = 0, c = 0; g < t->n_groups; g++) {
             size_t end = c + t->group_size < cols ? c + t->group_size : cols;
             float s = cb_scale(t, r, g);
-            for (; c < end; c++)
-                out[c] = s * (float)(t->tiled ? tq[16 * (c & ~(size_t)3) + (c & 3)] : q[c]);
+            if (t->tiled) /* groups are whole 4-column chunks here */
+                for (; c < end; c += 4)
+                    for (size_t k = 0; k < 4; k++)
+                        out[c + k] = s * (float)tq[16 * c + k];
+            else
+                for (; c < end; c++)
+                    out[c] = s * (float)q[c];
         }
     }
     /* this row's outliers: the gaps are a running sum, so walk from the first one */

@@ -15,6 +15,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+#include <immintrin.h>
+#endif
 
 enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4 }; /* weight and scale dtypes, as in FORMAT.md */
 
@@ -38,6 +41,16 @@ typedef struct cb_tensor {
  * changes no bit. */
 static inline float cb_dot(const float *a, const float *b, size_t n)
 {
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+    if (n % 8 == 0) { /* the eight sums in one register, combined in the same order */
+        __m256 v = _mm256_setzero_ps();
+        for (size_t i = 0; i < n; i += 8)
+            v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+        __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* s0+s4 .. s3+s7 */
+        t = _mm_add_ps(t, _mm_movehl_ps(t, t)); /* (s0+s4)+(s2+s6), (s1+s5)+(s3+s7) */
+        return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+    }
+#endif
     float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     const size_t whole = n & ~(size_t)7, rest = n & 7;
     for (size_t i = 0; i < whole; i += 8)
@@ -48,16 +61,27 @@ static inline float cb_dot(const float *a, const float *b, size_t n)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* y[i] += a * x[i]: in chunks of eight with a fixed trip count, which the compiler turns into vector
- * code without an alias check or a remainder loop; every element is still one multiply and one add. */
-static inline void cb_axpy(float *restrict y, float a, const float *restrict x, size_t n)
+/* out[i] = sum over t < n, in order, of w[t] * rows[t * stride + i], for i < len (the attention's values
+ * weighted by the scores): eight outputs at a time kept in a register across all t, each element still
+ * the same multiplies and adds in the same order as one axpy per t. */
+static inline void cb_weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows,
+                                    size_t stride, size_t n, size_t len)
 {
-    const size_t whole = n & ~(size_t)7, rest = n & 7;
-    for (size_t i = 0; i < whole; i += 8)
+    const size_t whole = len & ~(size_t)7, rest = len & 7;
+    for (size_t i0 = 0; i0 < whole; i0 += 8) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (size_t t = 0; t < n; t++)
+            for (size_t l = 0; l < 8; l++)
+                acc[l] = acc[l] + w[t] * rows[t * stride + i0 + l];
         for (size_t l = 0; l < 8; l++)
-            y[i + l] = y[i + l] + a * x[i + l];
-    for (size_t l = 0; l < rest; l++)
-        y[whole + l] = y[whole + l] + a * x[whole + l];
+            out[i0 + l] = acc[l];
+    }
+    for (size_t l = 0; l < rest; l++) {
+        float acc = 0.0f;
+        for (size_t t = 0; t < n; t++)
+            acc = acc + w[t] * rows[t * stride + whole + l];
+        out[whole + l] = acc;
+    }
 }
 
 /* v[i] = cb_expf(v[i] - shift), and g[i] = silu(g[i]) * u[i] = g[i] / (1 + cb_expf(-g[i])) * u[i]: with

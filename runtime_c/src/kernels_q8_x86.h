@@ -137,6 +137,60 @@ static void cb_tile_dot2(const cb_tensor *t, size_t tile, const cb_xq *x0, const
     _mm512_storeu_ps(out1, acc1);
 }
 
+/* Four tokens over one tile: each chunk's weights loaded and biased once for all four. */
+#define CB_VNNI_CHUNK4(k, A0, A1, A2, A3)                                                                \
+    do {                                                                                                 \
+        __m512i w_ = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + 64 * (k))), bias);         \
+        A0 = _mm512_dpbusd_epi32(A0, w_, _mm512_set1_epi32(cb_ld4(q0 + 4 * (k))));                       \
+        A1 = _mm512_dpbusd_epi32(A1, w_, _mm512_set1_epi32(cb_ld4(q1 + 4 * (k))));                       \
+        A2 = _mm512_dpbusd_epi32(A2, w_, _mm512_set1_epi32(cb_ld4(q2 + 4 * (k))));                       \
+        A3 = _mm512_dpbusd_epi32(A3, w_, _mm512_set1_epi32(cb_ld4(q3 + 4 * (k))));                       \
+    } while (0)
+
+/* token j's block sums (chains a and b added, the bias taken off) through cb_tile_dot's float steps */
+#define CB_VNNI_FINISH(acc, a, b, xj)                                                                    \
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(            \
+                                                             _mm512_add_epi32(a, b),                     \
+                                                             _mm512_set1_epi32(128 * (xj)->s[bk]))),     \
+                                                         _mm512_set1_ps((xj)->d[bk])),                   \
+                                           sc))
+
+#define CB_Q8_TILE_QUAD 1
+static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float (*out)[CB_TILE_ROWS])
+{
+    const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
+    const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, sc = c0;
+    for (size_t bk = 0, g = 0, left = 0; bk < blocks; bk++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
+        if (left == 0) {
+            __m256 lo, hi;
+            cb_tile_scales(t, tile, g++, &lo, &hi);
+            sc = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+            left = per_group;
+        }
+        const int8_t *q0 = x[0].q + bk * CB_ACT_BLOCK, *q1 = x[1].q + bk * CB_ACT_BLOCK;
+        const int8_t *q2 = x[2].q + bk * CB_ACT_BLOCK, *q3 = x[3].q + bk * CB_ACT_BLOCK;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        CB_VNNI_CHUNK4(0, a0, a1, a2, a3);
+        CB_VNNI_CHUNK4(1, b0, b1, b2, b3);
+        CB_VNNI_CHUNK4(2, a0, a1, a2, a3);
+        CB_VNNI_CHUNK4(3, b0, b1, b2, b3);
+        CB_VNNI_CHUNK4(4, a0, a1, a2, a3);
+        CB_VNNI_CHUNK4(5, b0, b1, b2, b3);
+        CB_VNNI_CHUNK4(6, a0, a1, a2, a3);
+        CB_VNNI_CHUNK4(7, b0, b1, b2, b3);
+        CB_VNNI_FINISH(c0, a0, b0, &x[0]);
+        CB_VNNI_FINISH(c1, a1, b1, &x[1]);
+        CB_VNNI_FINISH(c2, a2, b2, &x[2]);
+        CB_VNNI_FINISH(c3, a3, b3, &x[3]);
+    }
+    _mm512_storeu_ps(out[0], c0);
+    _mm512_storeu_ps(out[1], c1);
+    _mm512_storeu_ps(out[2], c2);
+    _mm512_storeu_ps(out[3], c3);
+}
+
 #else
 #define CB_Q8_NAME "avx2"
 /* One 4-column chunk k into a (rows 0-7) and c (rows 8-15). PMADDUBSW takes |w| unsigned (ABS of -128
@@ -246,6 +300,64 @@ static void cb_tile_dot2(const cb_tensor *t, size_t tile, const cb_xq *x0, const
         }
         _mm256_storeu_ps(out0 + 8 * half, acc0);
         _mm256_storeu_ps(out1 + 8 * half, acc1);
+    }
+}
+
+/* Four tokens over one tile, in two passes of eight rows: weights and |w| once for all four. */
+#define CB_AVX2_TOKEN(A, qj, k)                                                                          \
+    A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(                                      \
+                                                  aw_, _mm256_sign_epi8(_mm256_set1_epi32(cb_ld4(qj + 4 * (k))), wv_)), \
+                                              ones))
+
+#define CB_AVX2_CHUNK4(k)                                                                                \
+    do {                                                                                                 \
+        __m256i wv_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));                \
+        __m256i aw_ = _mm256_abs_epi8(wv_);                                                              \
+        CB_AVX2_TOKEN(a0, q0, k);                                                                        \
+        CB_AVX2_TOKEN(a1, q1, k);                                                                        \
+        CB_AVX2_TOKEN(a2, q2, k);                                                                        \
+        CB_AVX2_TOKEN(a3, q3, k);                                                                        \
+    } while (0)
+
+#define CB_AVX2_FINISH(acc, a, xj)                                                                       \
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps((xj)->d[bk])), sc))
+
+#define CB_Q8_TILE_QUAD 1
+static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float (*out)[CB_TILE_ROWS])
+{
+    const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (size_t half = 0; half < 2; half++) {
+        const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols + 32 * half;
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, sc = c0, unused;
+        for (size_t bk = 0, g = 0, left = 0; bk < blocks; bk++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
+            if (left == 0) {
+                if (half == 0)
+                    cb_tile_scales(t, tile, g++, &sc, &unused);
+                else
+                    cb_tile_scales(t, tile, g++, &unused, &sc);
+                left = per_group;
+            }
+            const int8_t *q0 = x[0].q + bk * CB_ACT_BLOCK, *q1 = x[1].q + bk * CB_ACT_BLOCK;
+            const int8_t *q2 = x[2].q + bk * CB_ACT_BLOCK, *q3 = x[3].q + bk * CB_ACT_BLOCK;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            CB_AVX2_CHUNK4(0);
+            CB_AVX2_CHUNK4(1);
+            CB_AVX2_CHUNK4(2);
+            CB_AVX2_CHUNK4(3);
+            CB_AVX2_CHUNK4(4);
+            CB_AVX2_CHUNK4(5);
+            CB_AVX2_CHUNK4(6);
+            CB_AVX2_CHUNK4(7);
+            CB_AVX2_FINISH(c0, a0, &x[0]);
+            CB_AVX2_FINISH(c1, a1, &x[1]);
+            CB_AVX2_FINISH(c2, a2, &x[2]);
+            CB_AVX2_FINISH(c3, a3, &x[3]);
+        }
+        _mm256_storeu_ps(out[0] + 8 * half, c0);
+        _mm256_storeu_ps(out[1] + 8 * half, c1);
+        _mm256_storeu_ps(out[2] + 8 * half, c2);
+        _mm256_storeu_ps(out[3] + 8 * half, c3);
     }
 }
 #endif

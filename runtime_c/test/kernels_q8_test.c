@@ -30,7 +30,7 @@
 #include "../src/kernels.h"
 
 #define SENTINEL 12345.0f
-#define MAX_TOKENS 4
+#define MAX_TOKENS 7 /* 1..7 tokens: every mix of the 4- and 2-token passes and single ones */
 #define MAX_ROWS 70u  /* row_counts below */
 #define MAX_COLS 320u /* col_counts below */
 

@@ -207,6 +207,29 @@ static int check_matmul(const cb_tensor *t, rng *r)
 
 /* cb_exp_shift and cb_silu_mul (vector code where the target has it) against cb_expf element by element,
  * bit for bit, over a sweep of inputs with the special ones: NaN, infinities, the clamp edges, subnormals. */
+/* cb_dot (vector code where the target has it) against its rule written out: element i into sum i % 8,
+ * the sums combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)), bit for bit. */
+static int check_dot(void)
+{
+    static float a[263], b[263];
+    rng r = {777};
+    for (size_t i = 0; i < 263; i++) {
+        a[i] = uniform(&r) * (i % 5 == 0 ? 1e6f : 1.0f);
+        b[i] = uniform(&r);
+    }
+    for (size_t n = 0; n <= 263; n++) {
+        float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (size_t i = 0; i < n; i++)
+            s[i % 8] = s[i % 8] + a[i] * b[i];
+        float want = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])), got = cb_dot(a, b, n);
+        if (memcmp(&got, &want, sizeof got) != 0) {
+            printf("FAIL cb_dot n=%zu: %a vs %a\n", n, got, want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int check_exp(void)
 {
     static float v[4099], g[4099], u[4099], want[4099], wg[4099];
@@ -241,7 +264,7 @@ int main(void)
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
     double worst = 0.0;
-    if (check_exp())
+    if (check_exp() || check_dot())
         return 1;
     for (int kind = 0; kind < N_KINDS; kind++)
         for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
