@@ -3,9 +3,10 @@
  *
  * libm's expf/sinf/cosf differ in the last bit between glibc, newlib and
  * picolibc; these are plain IEEE arithmetic (built with -ffp-contract=off), so
- * the nonlinearities agree bit for bit on every target. Logits then differ
- * between targets only by the SIMD kernels' summation order (kernels.h);
- * scalar builds (KERNELS=scalar) of any two targets agree bit for bit.
+ * the nonlinearities agree bit for bit on every target. A model with integer
+ * matmuls (format 1.2) then gives the same logits on every target whatever
+ * its kernels; a float model's differ only by the SIMD float kernels'
+ * summation order (kernels.h), and its scalar builds agree bit for bit.
  */
 #ifndef CB_MATH_H
 #define CB_MATH_H

@@ -8,7 +8,8 @@
  * The SIMD paths read only the rows' own bytes (the padded stride at most)
  * and x[0, cols); their float sums differ from the scalar ones only in
  * summation order (and FMA's single rounding), so targets agree on greedy
- * tokens, not on the last bit of every logit.
+ * tokens, not on the last bit of every logit. The integer matmuls below
+ * (int8 weights and activations) agree on every bit.
  */
 #ifndef CB_KERNELS_H
 #define CB_KERNELS_H
