@@ -202,13 +202,9 @@ void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_x
         for (size_t j0 = 0; j0 < n; j0 += CB_MAX_TOKENS) {
             size_t m = n - j0 < CB_MAX_TOKENS ? n - j0 : CB_MAX_TOKENS;
             size_t j = 0;
-#if defined(CB_Q8_TILE_QUAD) /* an ISA path may take four, or two, tokens per pass over the tile */
+#if defined(CB_Q8_TILE_QUAD) /* an ISA path may take four tokens per pass over the tile */
             for (; j + 4 <= m; j += 4)
                 cb_tile_dot4(t, r / CB_TILE_ROWS, &xq[j0 + j], &dot[j]);
-#endif
-#if defined(CB_Q8_TILE_PAIR)
-            for (; j + 2 <= m; j += 2)
-                cb_tile_dot2(t, r / CB_TILE_ROWS, &xq[j0 + j], &xq[j0 + j + 1], dot[j], dot[j + 1]);
 #endif
             for (; j < m; j++)
                 cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j]), dot[j]);

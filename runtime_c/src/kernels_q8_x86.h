@@ -91,52 +91,6 @@ static __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
 
 static void cb_tile_store(cb_tile_acc v, float *out) { _mm512_storeu_ps(out, v); }
 
-/* Two tokens over one tile: each chunk's weights are loaded and biased once for both; each token's
- * lanes see exactly cb_tile_dot's operations. */
-#define CB_VNNI_CHUNK2(a, b, k)                                                                         \
-    do {                                                                                                \
-        __m512i w_ = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + 64 * (k))), bias);        \
-        a = _mm512_dpbusd_epi32(a, w_, _mm512_set1_epi32(cb_ld4(q0 + 4 * (k))));                        \
-        b = _mm512_dpbusd_epi32(b, w_, _mm512_set1_epi32(cb_ld4(q1 + 4 * (k))));                        \
-    } while (0)
-
-#define CB_Q8_TILE_PAIR 1
-static void cb_tile_dot2(const cb_tensor *t, size_t tile, const cb_xq *x0, const cb_xq *x1, float *out0,
-                         float *out1)
-{
-    const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
-    const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, sc = acc0;
-    for (size_t b = 0, g = 0, left = 0; b < blocks; b++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
-        if (left == 0) {
-            __m256 lo, hi;
-            cb_tile_scales(t, tile, g++, &lo, &hi);
-            sc = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-            left = per_group;
-        }
-        const int8_t *q0 = x0->q + b * CB_ACT_BLOCK, *q1 = x1->q + b * CB_ACT_BLOCK;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
-        CB_VNNI_CHUNK2(a0, b0, 0);
-        CB_VNNI_CHUNK2(a1, b1, 1);
-        CB_VNNI_CHUNK2(a0, b0, 2);
-        CB_VNNI_CHUNK2(a1, b1, 3);
-        CB_VNNI_CHUNK2(a0, b0, 4);
-        CB_VNNI_CHUNK2(a1, b1, 5);
-        CB_VNNI_CHUNK2(a0, b0, 6);
-        CB_VNNI_CHUNK2(a1, b1, 7);
-        /* the same integer sums as cb_tile_isum (exact), then its float steps */
-        __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), _mm512_set1_epi32(128 * x0->s[b]));
-        __m512i s1 = _mm512_sub_epi32(_mm512_add_epi32(b0, b1), _mm512_set1_epi32(128 * x1->s[b]));
-        __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(x0->d[b]));
-        __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(x1->d[b]));
-        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(f0, sc));
-        acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(f1, sc));
-    }
-    _mm512_storeu_ps(out0, acc0);
-    _mm512_storeu_ps(out1, acc1);
-}
-
 /* Four tokens over one tile: each chunk's weights loaded and biased once for all four. */
 #define CB_VNNI_CHUNK4(k, A0, A1, A2, A3)                                                                \
     do {                                                                                                 \
@@ -253,54 +207,6 @@ static void cb_tile_store(cb_tile_acc v, float *out)
 {
     _mm256_storeu_ps(out, v.lo);
     _mm256_storeu_ps(out + 8, v.hi);
-}
-
-/* Two tokens over one tile: the weights and their absolute values are loaded and taken once for both.
- * The tile goes by in two passes of eight rows, which keeps everything in the sixteen YMM registers. */
-#define CB_AVX2_CHUNK2(k)                                                                               \
-    do {                                                                                                \
-        __m256i wv_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));               \
-        __m256i aw_ = _mm256_abs_epi8(wv_);                                                             \
-        __m256i x0_ = _mm256_set1_epi32(cb_ld4(q0 + 4 * (k))), x1_ = _mm256_set1_epi32(cb_ld4(q1 + 4 * (k))); \
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x0_, wv_)), ones)); \
-        c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(aw_, _mm256_sign_epi8(x1_, wv_)), ones)); \
-    } while (0)
-
-#define CB_Q8_TILE_PAIR 1
-static void cb_tile_dot2(const cb_tensor *t, size_t tile, const cb_xq *x0, const cb_xq *x1, float *out0,
-                         float *out1)
-{
-    const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (size_t half = 0; half < 2; half++) { /* rows 0-7, then rows 8-15 */
-        const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols + 32 * half;
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, sc = acc0, unused;
-        for (size_t b = 0, g = 0, left = 0; b < blocks; b++, left--, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
-            if (left == 0) {
-                if (half == 0)
-                    cb_tile_scales(t, tile, g++, &sc, &unused);
-                else
-                    cb_tile_scales(t, tile, g++, &unused, &sc);
-                left = per_group;
-            }
-            const int8_t *q0 = x0->q + b * CB_ACT_BLOCK, *q1 = x1->q + b * CB_ACT_BLOCK;
-            __m256i a = _mm256_setzero_si256(), c = a; /* token 0, token 1 */
-            CB_AVX2_CHUNK2(0);
-            CB_AVX2_CHUNK2(1);
-            CB_AVX2_CHUNK2(2);
-            CB_AVX2_CHUNK2(3);
-            CB_AVX2_CHUNK2(4);
-            CB_AVX2_CHUNK2(5);
-            CB_AVX2_CHUNK2(6);
-            CB_AVX2_CHUNK2(7);
-            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a),
-                                                                   _mm256_set1_ps(x0->d[b])), sc));
-            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c),
-                                                                   _mm256_set1_ps(x1->d[b])), sc));
-        }
-        _mm256_storeu_ps(out0 + 8 * half, acc0);
-        _mm256_storeu_ps(out1 + 8 * half, acc1);
-    }
 }
 
 /* Four tokens over one tile, in two passes of eight rows: weights and |w| once for all four. */
