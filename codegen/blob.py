@@ -27,7 +27,7 @@ HEADER_FIXED = 256
 ENTRY_BYTES = 64
 ALIGN = 64
 ROW_ALIGN = 16
-LAYOUT_ROWMAJOR16 = 1  # codegen/layout.py LAYOUTS
+LAYOUT_ROWMAJOR16 = LAYOUTS["rows"]
 FLAG_TIED = 1
 # 1.1 feature flags (FORMAT.md "Feature flags")
 FLAG_QKV_BIAS = 1 << 1

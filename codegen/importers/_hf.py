@@ -88,6 +88,13 @@ def bool_key(cfg: _Config, key: str, default: bool) -> bool:
     return v
 
 
+def reject_attention_bias(cfg: _Config,
+                          why: str = "biases on the attention projections (incl. o_proj) are not supported") -> None:
+    """`attention_bias` true biases every attention projection, o_proj included: no runtime path has that."""
+    if bool_key(cfg, "attention_bias", False):
+        raise cfg.fail("attention_bias", why)
+
+
 def layer_list(cfg: _Config, key: str, n_layers: int) -> list[int]:
     v = cfg.get(key, [], required=False)
     if not isinstance(v, list) or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_layers

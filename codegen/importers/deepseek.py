@@ -40,8 +40,7 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
         raise cfg.fail("topk_method", f"only 'greedy' is supported, got {cfg.data['topk_method']!r}")
     if cfg.get("scoring_func", "softmax", required=False) != "softmax":
         raise cfg.fail("scoring_func", f"only 'softmax' is supported, got {cfg.data['scoring_func']!r}")
-    if _hf.bool_key(cfg, "attention_bias", False):
-        raise cfg.fail("attention_bias", "biases on the attention projections are not supported")
+    _hf.reject_attention_bias(cfg, "biases on the attention projections are not supported")
     data = dict(data)
     data["num_experts"] = data.get("n_routed_experts")
     cfg = _hf.make_config(data, path)

@@ -25,8 +25,7 @@ NAMES = _hf.Names()
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
     cfg = _hf.make_config(data, path)
     _hf.reject_keys(cfg)
-    if _hf.bool_key(cfg, "attention_bias", False):
-        raise cfg.fail("attention_bias", "biases on the attention projections (incl. o_proj) are not supported")
+    _hf.reject_attention_bias(cfg)
     if cfg.data.get("head_dim") is not None:
         raise cfg.fail("head_dim", "OLMoE derives head_dim from hidden_size / num_attention_heads; "
                                    "an explicit head_dim is not supported")

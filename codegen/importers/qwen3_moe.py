@@ -27,8 +27,7 @@ NAMES = _hf.Names()
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
     cfg = _hf.make_config(data, path)
     _hf.reject_keys(cfg)
-    if _hf.bool_key(cfg, "attention_bias", False):
-        raise cfg.fail("attention_bias", "biases on the attention projections (incl. o_proj) are not supported")
+    _hf.reject_attention_bias(cfg)
     f = _hf.common_fields(cfg)
     dense = dense_layers(cfg, f["n_layers"])
     return ModelSpec(

@@ -129,7 +129,7 @@ static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
 /* The outlier walk: (k, idx) is the next outlier and its flat index. Outliers are sorted, so one
  * pass serves all rows; cb_outl_seek starts a row range, cb_outl_add adds one row's corrections
  * to one token's dot and returns where the next row's start. */
-cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
+static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
 {
     while (o.k < t->n_outliers && o.idx < row_end)
         if (++o.k < t->n_outliers)

@@ -148,7 +148,6 @@ typedef struct cb_outl {
     uint64_t idx;
 } cb_outl;
 cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat);
-cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end);
 cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
                   int accumulate);
 float cb_scale(const cb_tensor *t, size_t r, size_t g);
