@@ -658,30 +658,6 @@ static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, flo
         out[i] = x[i] * inv * w[i];
 }
 
-/* Loops in chunks of eight with a fixed trip count, so the compiler makes vector code of them without a
- * remainder loop or an alias check; each element is computed as in a plain loop. */
-#define CB_CHUNKED(i, n, body)                      \
-    do {                                            \
-        size_t i##0_ = 0;                           \
-        for (; i##0_ + 8 <= (n); i##0_ += 8)        \
-            for (size_t i = i##0_; i < i##0_ + 8; i++) \
-                body;                               \
-        for (size_t i = i##0_; i < (n); i++)        \
-            body;                                   \
-    } while (0)
-
-static void cb_softmax(float *v, size_t n)
-{
-    float max = v[0], part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (size_t i = 1; i < n; i++)
-        if (v[i] > max)
-            max = v[i];
-    cb_exp_shift(v, n, max);
-    CB_CHUNKED(i, n, part[i % 8] = part[i % 8] + v[i]); /* eight partial sums, as cb_dot */
-    float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-    CB_CHUNKED(i, n, v[i] = v[i] / sum);
-}
-
 /* HF rotate_half: dimension i pairs with i + head_dim/2, not with its neighbour.
  * One angle per frequency serves every query and key head. */
 static void cb_rotary(float *q, size_t n_q, float *k, size_t n_k, size_t hd, const float *inv_freq, size_t pos)
@@ -712,8 +688,7 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
         const float *q = q_all + h * hd;
         float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
-        for (size_t t = 0; t <= pos; t++)
-            scores[t] = cb_dot(q, keys + t * kvdim + kv, hd) * scale;
+        cb_scores(scores, q, keys + kv, kvdim, pos + 1, hd, scale);
         cb_softmax(scores, pos + 1);
         cb_weighted_rows(att, scores, values + kv, kvdim, pos + 1, hd);
     }

@@ -78,6 +78,53 @@ void cb_exp_shift(float *v, size_t n, float shift)
         v[i] = cb_expf_inline(v[i] - shift);
 }
 
+void cb_softmax(float *v, size_t n)
+{
+    float max = v[0], part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    size_t i = 1;
+#if defined(CB_EXP8)
+    if (max == max) { /* VMAXPS returns its second operand when the first is a NaN: the NaNs are skipped */
+        __m256 m = _mm256_set1_ps(max);
+        for (; i + 8 <= n; i += 8)
+            m = _mm256_max_ps(_mm256_loadu_ps(v + i), m);
+        float lane[8];
+        _mm256_storeu_ps(lane, m);
+        for (size_t l = 0; l < 8; l++)
+            max = lane[l] > max ? lane[l] : max;
+    }
+#endif
+    for (; i < n; i++) /* which zero a tie of +0 and -0 keeps changes no exp(v - max) */
+        if (v[i] > max)
+            max = v[i];
+    i = 0;
+#if defined(CB_EXP8)
+    const __m256 vmax = _mm256_set1_ps(max);
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = cb_exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), vmax));
+        _mm256_storeu_ps(v + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(part, acc);
+    for (size_t k = i; k < n; k++)
+        v[k] = cb_expf_inline(v[k] - max);
+#else
+    cb_exp_shift(v, n, max);
+    for (; i + 8 <= n; i += 8) /* whole chunks of eight: the compiler's vector code, no remainder loop */
+        for (size_t l = 0; l < 8; l++)
+            part[l] = part[l] + v[i + l];
+#endif
+    for (; i < n; i++)
+        part[i % 8] = part[i % 8] + v[i];
+    float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t l = 0; l < 8; l++)
+            v[i + l] = v[i + l] / sum;
+    for (; i < n; i++)
+        v[i] = v[i] / sum;
+}
+
 void cb_silu_mul(float *restrict g, const float *restrict u, size_t n)
 {
     size_t i = 0;
@@ -131,6 +178,17 @@ static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
  * to one token's dot and returns where the next row's start. */
 static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
 {
+    /* Sixteen at a time while the sixteenth is still before row_end: a lookup far into a large
+     * matrix (an embedding row) walks tens of thousands of them. */
+    while (o.idx < row_end && o.k + 16 < t->n_outliers) {
+        uint32_t run = 0;
+        for (size_t i = 1; i <= 16; i++)
+            run += t->ogap[o.k + i];
+        if (o.idx + run >= row_end)
+            break;
+        o.idx += run;
+        o.k += 16;
+    }
     while (o.k < t->n_outliers && o.idx < row_end)
         if (++o.k < t->n_outliers)
             o.idx += t->ogap[o.k];
@@ -469,13 +527,12 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
                     out[c] = s * (float)q[c];
         }
     }
-    /* this row's outliers: the gaps are a running sum, so walk from the first one */
-    uint64_t row_start = (uint64_t)r * cols, idx = 0;
-    for (size_t k = 0; k < t->n_outliers; k++) {
-        idx += t->ogap[k];
-        if (idx >= row_start + cols)
-            break;
-        if (idx >= row_start)
-            out[idx - row_start] += cb_f16_to_f32(t->oval[k]);
+    /* this row's outliers */
+    uint64_t row_start = (uint64_t)r * cols;
+    cb_outl o = cb_outl_seek(t, row_start);
+    while (o.k < t->n_outliers && o.idx < row_start + cols) {
+        out[o.idx - row_start] += cb_f16_to_f32(t->oval[o.k]);
+        if (++o.k < t->n_outliers)
+            o.idx += t->ogap[o.k];
     }
 }

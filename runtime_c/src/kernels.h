@@ -62,14 +62,72 @@ static inline float cb_dot(const float *a, const float *b, size_t n)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
+/* out[t] = cb_dot(q, keys + t * stride, hd) * scale for t < n: the attention's scores. With AVX2 (hd a
+ * multiple of 8) eight positions at a time, each position's eight lane sums in a register of its own and
+ * the eight registers combined across one another in cb_dot's order: the same bits, without one
+ * horizontal reduction per position. */
+static inline void cb_scores(float *restrict out, const float *restrict q, const float *restrict keys, size_t stride,
+                             size_t n, size_t hd, float scale)
+{
+    size_t t = 0;
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+    if (hd % 8 == 0) {
+        const __m256 vscale = _mm256_set1_ps(scale);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (; t + 8 <= n; t += 8) {
+            const float *k = keys + t * stride;
+            __m256 a[8];
+            for (size_t p = 0; p < 8; p++)
+                a[p] = _mm256_setzero_ps();
+            for (size_t i = 0; i < hd; i += 8) {
+                __m256 qi = _mm256_loadu_ps(q + i);
+                for (size_t p = 0; p < 8; p++)
+                    a[p] = _mm256_add_ps(a[p], _mm256_mul_ps(qi, _mm256_loadu_ps(k + p * stride + i)));
+            }
+            /* u = s0+s4, s1+s5, s2+s6, s3+s7 of positions p and p + 1 in one register */
+            __m256 b[4];
+            for (size_t p = 0; p < 4; p++)
+                b[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
+                                     _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+            /* u0+u2, u1+u3 of positions 0, 2 | 1, 3 (and 4, 6 | 5, 7) */
+            __m256 c0 = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], 0x44), _mm256_shuffle_ps(b[0], b[1], 0xee));
+            __m256 c1 = _mm256_add_ps(_mm256_shuffle_ps(b[2], b[3], 0x44), _mm256_shuffle_ps(b[2], b[3], 0xee));
+            /* (u0+u2) + (u1+u3): positions 0, 2, 4, 6 | 1, 3, 5, 7 */
+            __m256 s = _mm256_mul_ps(_mm256_hadd_ps(c0, c1), vscale);
+            _mm256_storeu_ps(out + t, _mm256_permutevar8x32_ps(s, order));
+        }
+    }
+#endif
+    for (; t < n; t++)
+        out[t] = cb_dot(q, keys + t * stride, hd) * scale;
+}
+
 /* out[i] = sum over t < n, in order, of w[t] * rows[t * stride + i], for i < len (the attention's values
- * weighted by the scores): eight outputs at a time kept in a register across all t, each element still
- * the same multiplies and adds in the same order as one axpy per t. */
+ * weighted by the scores): the outputs kept in registers across all t (32 at a time with AVX2, else 8),
+ * each element still the same multiplies and adds in the same order as one axpy per t. */
 static inline void cb_weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows,
                                     size_t stride, size_t n, size_t len)
 {
-    const size_t whole = len & ~(size_t)7, rest = len & 7;
-    for (size_t i0 = 0; i0 < whole; i0 += 8) {
+    const size_t whole = len & ~(size_t)7, rest = len & 7; /* not i < len: GCC's loop warnings */
+    size_t i0 = 0;
+#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
+    for (const size_t n32 = len & ~(size_t)31; i0 < n32; i0 += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *r = rows + i0;
+        for (size_t t = 0; t < n; t++, r += stride) {
+            __m256 wt = _mm256_broadcast_ss(w + t);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wt, _mm256_loadu_ps(r)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 24)));
+        }
+        _mm256_storeu_ps(out + i0, a0);
+        _mm256_storeu_ps(out + i0 + 8, a1);
+        _mm256_storeu_ps(out + i0 + 16, a2);
+        _mm256_storeu_ps(out + i0 + 24, a3);
+    }
+#endif
+    for (; i0 < whole; i0 += 8) {
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         for (size_t t = 0; t < n; t++)
             for (size_t l = 0; l < 8; l++)
@@ -85,6 +143,9 @@ static inline void cb_weighted_rows(float *restrict out, const float *restrict w
     }
 }
 
+/* v[i] = exp(v[i] - max) / sum: max the largest v[i] (NaNs skipped unless v[0] is one), exp cb_expf,
+ * sum the eight partial sums of cb_dot (element i into sum i % 8) combined in its order. */
+void cb_softmax(float *v, size_t n);
 /* v[i] = cb_expf(v[i] - shift), and g[i] = silu(g[i]) * u[i] = g[i] / (1 + cb_expf(-g[i])) * u[i]: with
  * AVX2 eight at a time, by the same operations, so the same bits as the scalar loops */
 void cb_exp_shift(float *v, size_t n, float shift);

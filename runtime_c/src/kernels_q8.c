@@ -178,11 +178,19 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
         if (++k < n_out)
             idx += gap[k];
     }
-    for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < nr; i++) {
-            float v = alpha[j] * dot[j][i];
-            y[j][r + i] = accumulate ? y[j][r + i] + v : v;
-        }
+    for (size_t j = 0; j < n; j++) { /* a whole tile's rows as a fixed-length loop: vector code */
+        float *restrict yj = y[j] + r;
+        const float a = alpha[j], *d = dot[j];
+        if (nr == CB_TILE_ROWS && accumulate)
+            for (size_t i = 0; i < CB_TILE_ROWS; i++)
+                yj[i] = yj[i] + a * d[i];
+        else if (nr == CB_TILE_ROWS)
+            for (size_t i = 0; i < CB_TILE_ROWS; i++)
+                yj[i] = a * d[i];
+        else
+            for (size_t i = 0; i < nr; i++)
+                yj[i] = accumulate ? yj[i] + a * d[i] : a * d[i];
+    }
     o.k = k;
     o.idx = idx;
     return o;
