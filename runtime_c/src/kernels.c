@@ -5,7 +5,9 @@
  * The SIMD path: the ISA header gives a handful of vector primitives (load
  * f32/f16/int8 as f32 lanes, fma, add, sum); the row dots below are written
  * once over them. Four rows at a time share each load of x, two vectors per
- * row per step keep eight FMA chains in flight, and the columns a whole
+ * row per step keep eight FMA chains in flight (one vector and four chains
+ * where the header sets CB_VCHAINS 1: MVE, whose eight Q registers would
+ * otherwise spill accumulators in every step), and the columns a whole
  * vector does not cover are summed in scalar code: x is read only within
  * [0, cols), since what lies beyond it in the arena is not ours to multiply.
  */
@@ -20,6 +22,8 @@
 #include "kernels_neon.h"
 #elif defined(__riscv_vector) && defined(__riscv_v_intrinsic)
 #include "kernels_rvv.h"
+#elif defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
+#include "kernels_mve.h"
 #endif
 #endif
 
@@ -239,6 +243,20 @@ void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha,
 
 #if defined(CB_SIMD_NAME)
 
+/* Per (row, token) dot, chain a takes the even vectors and chain b the odd ones, added at the end;
+ * with CB_VCHAINS 1 chain a takes them all. After the loop over vector pairs at most one vector is
+ * left (CB_VLAST: if); with one chain there is no such loop and CB_VLAST (while) is the loop. */
+#if !defined(CB_VCHAINS)
+#define CB_VCHAINS 2
+#endif
+#if CB_VCHAINS == 2
+#define CB_VLAST if
+#define CB_VCHAIN_SUM(a, b) cb_vsum(cb_vadd(a, b, vl), vl)
+#else
+#define CB_VLAST while
+#define CB_VCHAIN_SUM(a, b) cb_vsum(a, vl)
+#endif
+
 /* Weight c of a row as f32: the scalar tail of the vector loops. */
 CB_INLINE float cb_weight(const uint8_t *row, size_t c, int dt)
 {
@@ -271,8 +289,9 @@ CB_INLINE void cb_dot4(const uint8_t *w0, size_t stride, const float *x, size_t 
     const size_t vl = cb_vlen();
     const uint8_t *w1 = w0 + stride, *w2 = w1 + stride, *w3 = w2 + stride;
     cb_vf a0 = cb_vzero(vl), a1 = cb_vzero(vl), a2 = cb_vzero(vl), a3 = cb_vzero(vl);
-    cb_vf b0 = cb_vzero(vl), b1 = cb_vzero(vl), b2 = cb_vzero(vl), b3 = cb_vzero(vl);
     size_t c = 0;
+#if CB_VCHAINS == 2
+    cb_vf b0 = cb_vzero(vl), b1 = cb_vzero(vl), b2 = cb_vzero(vl), b3 = cb_vzero(vl);
     for (; c + 2 * vl <= n; c += 2 * vl) {
         cb_vf xa = cb_vld_f32(x + c, vl), xb = cb_vld_f32(x + c + vl, vl);
         a0 = cb_vfma(a0, cb_vweights(w0, c, dt, vl), xa, vl);
@@ -284,7 +303,8 @@ CB_INLINE void cb_dot4(const uint8_t *w0, size_t stride, const float *x, size_t 
         b2 = cb_vfma(b2, cb_vweights(w2, c + vl, dt, vl), xb, vl);
         b3 = cb_vfma(b3, cb_vweights(w3, c + vl, dt, vl), xb, vl);
     }
-    if (c + vl <= n) {
+#endif
+    CB_VLAST (c + vl <= n) {
         cb_vf xa = cb_vld_f32(x + c, vl);
         a0 = cb_vfma(a0, cb_vweights(w0, c, dt, vl), xa, vl);
         a1 = cb_vfma(a1, cb_vweights(w1, c, dt, vl), xa, vl);
@@ -292,8 +312,8 @@ CB_INLINE void cb_dot4(const uint8_t *w0, size_t stride, const float *x, size_t 
         a3 = cb_vfma(a3, cb_vweights(w3, c, dt, vl), xa, vl);
         c += vl;
     }
-    float s0 = cb_vsum(cb_vadd(a0, b0, vl), vl), s1 = cb_vsum(cb_vadd(a1, b1, vl), vl);
-    float s2 = cb_vsum(cb_vadd(a2, b2, vl), vl), s3 = cb_vsum(cb_vadd(a3, b3, vl), vl);
+    float s0 = CB_VCHAIN_SUM(a0, b0), s1 = CB_VCHAIN_SUM(a1, b1);
+    float s2 = CB_VCHAIN_SUM(a2, b2), s3 = CB_VCHAIN_SUM(a3, b3);
     for (; c < n; c++) {
         s0 += cb_weight(w0, c, dt) * x[c];
         s1 += cb_weight(w1, c, dt) * x[c];
@@ -310,24 +330,27 @@ CB_INLINE void cb_dot4(const uint8_t *w0, size_t stride, const float *x, size_t 
 CB_INLINE float cb_dot1(const uint8_t *w, const float *x, size_t n, int dt)
 {
     const size_t vl = cb_vlen();
-    cb_vf a = cb_vzero(vl), b = cb_vzero(vl);
+    cb_vf a = cb_vzero(vl);
     size_t c = 0;
+#if CB_VCHAINS == 2
+    cb_vf b = cb_vzero(vl);
     for (; c + 2 * vl <= n; c += 2 * vl) {
         a = cb_vfma(a, cb_vweights(w, c, dt, vl), cb_vld_f32(x + c, vl), vl);
         b = cb_vfma(b, cb_vweights(w, c + vl, dt, vl), cb_vld_f32(x + c + vl, vl), vl);
     }
-    if (c + vl <= n) {
+#endif
+    CB_VLAST (c + vl <= n) {
         a = cb_vfma(a, cb_vweights(w, c, dt, vl), cb_vld_f32(x + c, vl), vl);
         c += vl;
     }
-    float s = cb_vsum(cb_vadd(a, b, vl), vl);
+    float s = CB_VCHAIN_SUM(a, b);
     for (; c < n; c++)
         s += cb_weight(w, c, dt) * x[c];
     return s;
 }
 
 /* Two rows times two tokens: out[2i + j] = row i . x_j, each exactly as cb_dot1 computes it (the
- * same a/b chains over the same vectors, the same reduction and tail); the weights are loaded and
+ * same chains over the same vectors, the same reduction and tail); the weights are loaded and
  * converted once for both tokens. */
 CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const float *x1, size_t n, int dt,
                         float *out)
@@ -335,8 +358,9 @@ CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const
     const size_t vl = cb_vlen();
     const uint8_t *w1 = w0 + stride;
     cb_vf a00 = cb_vzero(vl), a01 = cb_vzero(vl), a10 = cb_vzero(vl), a11 = cb_vzero(vl);
-    cb_vf b00 = cb_vzero(vl), b01 = cb_vzero(vl), b10 = cb_vzero(vl), b11 = cb_vzero(vl);
     size_t c = 0;
+#if CB_VCHAINS == 2
+    cb_vf b00 = cb_vzero(vl), b01 = cb_vzero(vl), b10 = cb_vzero(vl), b11 = cb_vzero(vl);
     for (; c + 2 * vl <= n; c += 2 * vl) {
         cb_vf u0 = cb_vweights(w0, c, dt, vl), u1 = cb_vweights(w1, c, dt, vl);
         cb_vf xa = cb_vld_f32(x0 + c, vl), xb = cb_vld_f32(x1 + c, vl);
@@ -353,7 +377,8 @@ CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const
         b01 = cb_vfma(b01, u0, xb, vl);
         b11 = cb_vfma(b11, u1, xb, vl);
     }
-    if (c + vl <= n) {
+#endif
+    CB_VLAST (c + vl <= n) {
         cb_vf u0 = cb_vweights(w0, c, dt, vl), u1 = cb_vweights(w1, c, dt, vl);
         cb_vf xa = cb_vld_f32(x0 + c, vl), xb = cb_vld_f32(x1 + c, vl);
         a00 = cb_vfma(a00, u0, xa, vl);
@@ -362,8 +387,8 @@ CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const
         a11 = cb_vfma(a11, u1, xb, vl);
         c += vl;
     }
-    float s00 = cb_vsum(cb_vadd(a00, b00, vl), vl), s01 = cb_vsum(cb_vadd(a01, b01, vl), vl);
-    float s10 = cb_vsum(cb_vadd(a10, b10, vl), vl), s11 = cb_vsum(cb_vadd(a11, b11, vl), vl);
+    float s00 = CB_VCHAIN_SUM(a00, b00), s01 = CB_VCHAIN_SUM(a01, b01);
+    float s10 = CB_VCHAIN_SUM(a10, b10), s11 = CB_VCHAIN_SUM(a11, b11);
     for (; c < n; c++) {
         float u0 = cb_weight(w0, c, dt), u1 = cb_weight(w1, c, dt);
         s00 += u0 * x0[c];

@@ -18,14 +18,123 @@
  *
  * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
  * and exits 1 on the first failure.
+ *
+ * Built with -DCB_TEST_BARE_METAL (tests/test_firmware_kernels.py) it is a firmware image's main,
+ * booted under the target's QEMU as kernels_q8_test.c is: no heap (every block of a case comes
+ * from a static pool, the weights starting only as far past a 16-byte boundary as their type
+ * allows: 4 bytes for f32, 2 for f16, 1 for int8; QEMU does not fault on a misaligned MVE load,
+ * so this checks the values read there, not the alignment rule), output through board.h's
+ * semihosting console (values as f32 bits, the max rel err in units of 1e-9: no float formatting
+ * on the board), and columns up to 257 and a shorter exp sweep, so that the pool and the static
+ * arrays fit the 128 KiB DTCM of stm32h7.
  */
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../src/cbmath.h"
 #include "../src/kernels.h"
+
+#if defined(CB_TEST_BARE_METAL)
+#include "board.h"
+
+#define EXP_N 1027
+#define POOL_BYTES 65536u
+
+typedef struct pool {
+    _Alignas(16) unsigned char bytes[POOL_BYTES];
+    size_t used;
+} pool;
+
+static pool case_pool;
+
+/* n zeroed bytes, skew bytes past a 16-byte boundary; NULL when the pool is exhausted */
+static void *take(size_t n, size_t skew)
+{
+    pool *p = &case_pool;
+    size_t at = (p->used + 15u) / 16u * 16u + skew;
+    if (at > sizeof p->bytes || sizeof p->bytes - at < n)
+        return NULL;
+    p->used = at + n;
+    return memset(p->bytes + at, 0, n);
+}
+
+static void give_back(void *block) /* a stack: the block and every one taken after it */
+{
+    if (block) /* back to its 16-byte boundary, where take() began it */
+        case_pool.used = (size_t)((unsigned char *)block - case_pool.bytes) / 16u * 16u;
+}
+
+static void put_str(const char *s)
+{
+    board_puts(s);
+}
+
+static void put_size(size_t v)
+{
+    board_put_dec((uint64_t)v);
+}
+
+static void put_real(double v) /* the value as an f32's bits */
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    board_puts("f32 ");
+    board_put_hex(u);
+}
+
+static void put_exact(float v)
+{
+    put_real(v);
+}
+
+static void put_small(double v) /* a small error or bound: in whole units of 1e-9 */
+{
+    board_put_dec((uint64_t)(v * 1e9 + 0.5));
+    board_puts("e-9");
+}
+#else
+#include <stdio.h>
+#include <stdlib.h>
+
+#define EXP_N 4099
+
+static void *take(size_t n, size_t skew) /* exact-size heap blocks (ASan: an over-read traps) */
+{
+    (void)skew;
+    return calloc(n ? n : 1, 1);
+}
+
+static void give_back(void *block)
+{
+    free(block);
+}
+
+static void put_str(const char *s)
+{
+    fputs(s, stdout);
+}
+
+static void put_size(size_t v)
+{
+    printf("%zu", v);
+}
+
+static void put_real(double v)
+{
+    printf("%.9g", v);
+}
+
+static void put_exact(float v)
+{
+    printf("%a", (double)v);
+}
+
+static void put_small(double v)
+{
+    printf("%.3g", v);
+}
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EXACT_BUFFERS 1
@@ -55,7 +164,8 @@ static const char *const kind_name[N_KINDS] = {"f32", "f16", "int8/f32 scales", 
 /* The special f16 values the conversions must get right. */
 static const uint16_t f16_special[] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x8000, 0x0000, 0x3c00};
 
-static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rng *r)
+/* Returns 0 when a block could not be had. */
+static int fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rng *r)
 {
     static const uint8_t dtype[N_KINDS] = {CB_F32, CB_F16, CB_I8, CB_I8, CB_I8C};
     size_t elem = kind == KIND_F32 ? 4 : kind == KIND_F16 ? 2 : 1;
@@ -66,9 +176,11 @@ static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rn
     t->cols = (uint32_t)cols;
     t->row_stride = (uint32_t)stride;
     t->dtype = dtype[kind];
-    m->data = calloc(rows * stride, 1);
+    m->data = take(rows * stride, elem);
     m->scales = NULL;
     m->ogap = m->oval = NULL;
+    if (!m->data)
+        return 0;
     for (size_t i = 0; i < rows; i++)
         for (size_t c = 0; c < cols; c++) {
             uint8_t *p = m->data + i * stride + c * elem;
@@ -88,7 +200,9 @@ static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rn
         t->n_groups = (uint32_t)((cols + group - 1) / group);
         t->scale_dtype = kind == KIND_I8_F32S ? CB_F32 : CB_F16;
         size_t n = rows * t->n_groups;
-        m->scales = calloc(n, 4);
+        m->scales = take(n * 4, 0);
+        if (!m->scales)
+            return 0;
         for (size_t i = 0; i < n; i++) {
             float s = (0.001f + (uniform(r) + 1.0f) * 0.01f);
             if (t->scale_dtype == CB_F32) {
@@ -102,8 +216,10 @@ static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rn
     }
     if (kind == KIND_I8C) {
         size_t total = rows * cols, n = 0;
-        m->ogap = calloc(total + 1, 2);
-        m->oval = calloc(total + 1, 2);
+        m->ogap = take((total + 1) * 2, 0);
+        m->oval = take((total + 1) * 2, 0);
+        if (!m->ogap || !m->oval)
+            return 0;
         uint64_t last = 0;
         for (size_t i = 0; i < total; i++) /* ~3% outliers, the first one possibly at index 0 */
             if (next(r) % 32 == 0) {
@@ -117,14 +233,15 @@ static void fill(matrix *m, int kind, size_t rows, size_t cols, size_t group, rn
         t->oval = m->oval;
     }
     t->data = m->data;
+    return 1;
 }
 
-static void release(matrix *m)
+static void release(matrix *m) /* in the reverse order of fill's: the pool takes them back at once */
 {
-    free(m->data);
-    free(m->scales);
-    free(m->ogap);
-    free(m->oval);
+    give_back(m->oval);
+    give_back(m->ogap);
+    give_back(m->scales);
+    give_back(m->data);
 }
 
 /* sum_c |W[r][c] x[c]| with the outliers as separate terms, in double */
@@ -175,12 +292,16 @@ static int check_matmul(const cb_tensor *t, rng *r)
     float *x[MAX_N], *y[4][MAX_N], alpha[MAX_N];
     int accumulate = next(r) % 2, bad = 0;
     for (size_t j = 0; j < n; j++) {
-        x[j] = malloc(xs * sizeof(float));
+        x[j] = take(xs * sizeof(float), 0);
+        for (int v = 0; v < 4; v++)
+            y[v][j] = take(ys * sizeof(float), 0);
+        if (!x[j] || !y[0][j] || !y[1][j] || !y[2][j] || !y[3][j]) {
+            put_str("FAIL matmul: out of memory\n");
+            return 1;
+        }
         for (size_t c = 0; c < xs; c++)
             x[j][c] = c >= cols ? NAN : uniform(r) * 3.0f;
         alpha[j] = uniform(r) * 2.0f;
-        for (int v = 0; v < 4; v++)
-            y[v][j] = malloc(ys * sizeof(float));
         for (size_t i = 0; i < ys; i++)
             y[0][j][i] = y[1][j][i] = y[2][j][i] = y[3][j][i] = i < rows ? uniform(r) : SENTINEL;
     }
@@ -195,12 +316,21 @@ static int check_matmul(const cb_tensor *t, rng *r)
         if (memcmp(y[0][j], y[1][j], ys * sizeof(float)) || memcmp(y[2][j], y[3][j], ys * sizeof(float)))
             bad = 1;
     }
-    if (bad)
-        printf("FAIL matmul rows=%zu cols=%zu n=%zu split=%zu: differs from cb_matvec\n", rows, cols, n, split);
-    for (size_t j = 0; j < n; j++) {
-        free(x[j]);
-        for (int v = 0; v < 4; v++)
-            free(y[v][j]);
+    if (bad) {
+        put_str("FAIL matmul rows=");
+        put_size(rows);
+        put_str(" cols=");
+        put_size(cols);
+        put_str(" n=");
+        put_size(n);
+        put_str(" split=");
+        put_size(split);
+        put_str(": differs from cb_matvec\n");
+    }
+    for (size_t j = n; j-- > 0;) { /* the reverse order of taking them */
+        for (int v = 4; v-- > 0;)
+            give_back(y[v][j]);
+        give_back(x[j]);
     }
     return bad;
 }
@@ -223,7 +353,13 @@ static int check_dot(void)
             s[i % 8] = s[i % 8] + a[i] * b[i];
         float want = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])), got = cb_dot(a, b, n);
         if (memcmp(&got, &want, sizeof got) != 0) {
-            printf("FAIL cb_dot n=%zu: %a vs %a\n", n, got, want);
+            put_str("FAIL cb_dot n=");
+            put_size(n);
+            put_str(": ");
+            put_exact(got);
+            put_str(" vs ");
+            put_exact(want);
+            put_str("\n");
             return 1;
         }
     }
@@ -232,7 +368,7 @@ static int check_dot(void)
 
 static int check_exp(void)
 {
-    static float v[4099], g[4099], u[4099], want[4099], wg[4099];
+    static float v[EXP_N], g[EXP_N], u[EXP_N], want[EXP_N], wg[EXP_N];
     static const float special[] = {0.0f, -0.0f, 88.72283935546875f, 88.7228394f, -103.972084045410156f,
                                     -103.97209f, 1e-40f, -1e-40f, 200.0f, -200.0f, 0.5f, -0.5f};
     const size_t n = sizeof v / sizeof *v;
@@ -250,7 +386,17 @@ static int check_exp(void)
     for (size_t i = 0; i < n; i++)
         if ((memcmp(&v[i], &want[i], 4) && !(isnan(v[i]) && isnan(want[i])))
             || (memcmp(&g[i], &wg[i], 4) && !(isnan(g[i]) && isnan(wg[i])))) {
-            printf("FAIL exp/silu at %zu: %a vs %a, %a vs %a\n", i, v[i], want[i], g[i], wg[i]);
+            put_str("FAIL exp/silu at ");
+            put_size(i);
+            put_str(": ");
+            put_exact(v[i]);
+            put_str(" vs ");
+            put_exact(want[i]);
+            put_str(", ");
+            put_exact(g[i]);
+            put_str(" vs ");
+            put_exact(wg[i]);
+            put_str("\n");
             return 1;
         }
     return 0;
@@ -259,7 +405,11 @@ static int check_exp(void)
 int main(void)
 {
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
+#if defined(CB_TEST_BARE_METAL)
+    static const size_t cols_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 64, 65, 100, 255, 256, 257};
+#else
     static const size_t cols_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 64, 65, 100, 255, 256, 257, 1000};
+#endif
     static const size_t group_list[] = {0, 1, 3, 7, 8, 16, 17, 32, 64}; /* 0: one group per row */
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
@@ -276,10 +426,14 @@ int main(void)
                         if (gi && group == cols)
                             continue; /* the per-row case, done at gi = 0 */
                         matrix m;
-                        fill(&m, kind, rows, cols, group, &r);
                         size_t xs = EXACT_BUFFERS ? cols : cols + SLACK, ys = EXACT_BUFFERS ? rows : rows + SLACK;
-                        float *x = malloc(xs * sizeof *x), *y0 = malloc(ys * sizeof *y0);
-                        float *ya = malloc(ys * sizeof *ya), *yb = malloc(ys * sizeof *yb);
+                        int have = fill(&m, kind, rows, cols, group, &r);
+                        float *x = take(xs * sizeof *x, 0), *y0 = take(ys * sizeof *y0, 0);
+                        float *ya = take(ys * sizeof *ya, 0), *yb = take(ys * sizeof *yb, 0);
+                        if (!have || !x || !y0 || !ya || !yb) {
+                            put_str("FAIL out of memory\n");
+                            return 1;
+                        }
                         size_t hot = next(&r) % cols;
                         for (size_t c = 0; c < xs; c++)
                             x[c] = c >= cols ? NAN : onehot ? (c == hot ? 1.0f : 0.0f) : uniform(&r) * 3.0f;
@@ -306,9 +460,23 @@ int main(void)
                                     worst = err / mag;
                             }
                             if (!ok) {
-                                printf("FAIL %s rows=%zu cols=%zu group=%zu onehot=%d row %zu: simd %.9g scalar %.9g"
-                                       " (bound %.3g)\n", kind_name[kind], rows, cols, group, onehot, i,
-                                       (double)ya[i], (double)yb[i], bound);
+                                put_str("FAIL ");
+                                put_str(kind_name[kind]);
+                                put_str(" rows=");
+                                put_size(rows);
+                                put_str(" cols=");
+                                put_size(cols);
+                                put_str(" group=");
+                                put_size(group);
+                                put_str(onehot ? " onehot=1 row " : " onehot=0 row ");
+                                put_size(i);
+                                put_str(": simd ");
+                                put_real(ya[i]);
+                                put_str(" scalar ");
+                                put_real(yb[i]);
+                                put_str(" (bound ");
+                                put_small(bound);
+                                put_str(")\n");
                                 return 1;
                             }
                         }
@@ -316,12 +484,20 @@ int main(void)
                             return 1;
                         outputs += rows;
                         cases++;
-                        free(x);
-                        free(y0);
-                        free(ya);
-                        free(yb);
+                        give_back(yb);
+                        give_back(ya);
+                        give_back(y0);
+                        give_back(x);
                         release(&m);
                     }
-    printf("kernels_test %s: %zu cases, %zu outputs, max rel err %.3g\n", cb_kernels_isa(), cases, outputs, worst);
+    put_str("kernels_test ");
+    put_str(cb_kernels_isa());
+    put_str(": ");
+    put_size(cases);
+    put_str(" cases, ");
+    put_size(outputs);
+    put_str(" outputs, max rel err ");
+    put_small(worst);
+    put_str("\n");
     return 0;
 }
