@@ -4,7 +4,8 @@
  * cb_matvec_scalar is the reference: plain loops, one output row at a time,
  * summed in input order. It always builds. cb_matvec is the same computation
  * through the ISA path the compiler's predefined macros select (AVX-512,
- * AVX2+FMA+F16C, NEON, RVV 1.0; none, or -DCOLIBRI_SCALAR: the scalar one).
+ * AVX2+FMA+F16C, NEON, RVV 1.0, MVE with floating point; none, or
+ * -DCOLIBRI_SCALAR: the scalar one).
  * The SIMD paths read only the rows' own bytes (the padded stride at most)
  * and x[0, cols); their float sums differ from the scalar ones only in
  * summation order (and FMA's single rounding), so targets agree on greedy
@@ -168,7 +169,7 @@ void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *
 void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
                       const float *alpha, int accumulate);
 
-/* The path cb_matvec takes: "scalar", "avx512", "avx2", "neon", "rvv". */
+/* The path cb_matvec takes: "scalar", "avx512", "avx2", "neon", "rvv", "mve". */
 const char *cb_kernels_isa(void);
 
 /* ---- integer matmuls (FORMAT.md "Integer matmuls") ----

@@ -14,7 +14,8 @@
  * cols or writes y beyond rows fails. cb_matmul (several tokens, a split row range) must
  * equal cb_matvec per token bit for bit, as must cb_matmul_scalar cb_matvec_scalar. Built with -fsanitize=address the
  * buffers are exact-size heap blocks instead, so an over-read traps. cb_exp_shift and cb_silu_mul must
- * equal cb_expf element by element, bit for bit.
+ * equal cb_expf element by element, bit for bit; cb_dot, and the attention's cb_scores, cb_weighted_rows
+ * and cb_softmax, must equal their rules written out in plain loops, bit for bit.
  *
  * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
  * and exits 1 on the first failure.
@@ -402,6 +403,100 @@ static int check_exp(void)
     return 0;
 }
 
+/* The attention's loops (vector code where the target has it) against their rules written out, bit for
+ * bit: cb_scores as cb_dot's rule times the scale, position by position; cb_weighted_rows as one multiply
+ * and add per position, in order, never writing past len; cb_softmax as the first largest value (NaNs
+ * skipped unless the first is one), cb_expf, cb_dot's eight partial sums and a division. */
+static int same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+static int attention_fail(const char *what, size_t a, size_t b, float got, float want)
+{
+    put_str("FAIL ");
+    put_str(what);
+    put_str(" ");
+    put_size(a);
+    put_str(" ");
+    put_size(b);
+    put_str(": ");
+    put_exact(got);
+    put_str(" vs ");
+    put_exact(want);
+    put_str("\n");
+    return 1;
+}
+
+static int check_attention(void)
+{
+    enum { T = 41, HD = 72, STRIDE = 80 };
+    static float q[HD], keys[T * STRIDE], w[T], got[HD + 1], v[T], want[T]; /* HD > T */
+    rng r = {4242};
+    for (size_t i = 0; i < HD; i++)
+        q[i] = uniform(&r);
+    for (size_t i = 0; i < T * STRIDE; i++)
+        keys[i] = uniform(&r) * (i % 7 == 0 ? 100.0f : 1.0f);
+    for (size_t t = 0; t < T; t++)
+        w[t] = uniform(&r);
+    for (size_t hd = 1; hd <= HD; hd += hd < 16 ? 1 : 8)
+        for (size_t n = 0; n <= T; n++) {
+            const float scale = 1.0f / (float)hd;
+            got[n] = SENTINEL;
+            cb_scores(got, q, keys + 3, STRIDE, n, hd, scale);
+            for (size_t t = 0; t <= n; t++) {
+                float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                for (size_t i = 0; i < hd && t < n; i++)
+                    s[i % 8] = s[i % 8] + q[i] * keys[3 + t * STRIDE + i];
+                float dot = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+                float expect = t == n ? SENTINEL : dot * scale;
+                if (!same_bits(got[t], expect))
+                    return attention_fail("cb_scores hd n", hd, n, got[t], expect);
+            }
+        }
+    for (size_t len = 0; len <= HD; len++)
+        for (size_t n = 0; n <= T; n += n < 10 ? 1 : 31) {
+            got[len] = SENTINEL;
+            cb_weighted_rows(got, w, keys + 5, STRIDE, n, len);
+            for (size_t i = 0; i <= len; i++) {
+                float acc = 0.0f;
+                for (size_t t = 0; t < n; t++)
+                    acc = acc + w[t] * keys[5 + t * STRIDE + i];
+                float expect = i == len ? SENTINEL : acc;
+                if (!same_bits(got[i], expect))
+                    return attention_fail("cb_weighted_rows len n", len, n, got[i], expect);
+            }
+        }
+    for (size_t kind = 0; kind < 4; kind++)
+        for (size_t n = 1; n <= T; n++) {
+            for (size_t i = 0; i < n; i++) { /* 1: zeros of both signs, -inf; 2: a NaN inside; 3: NaN first */
+                v[i] = kind == 1 && i % 3 ? (i % 2 ? 0.0f : -0.0f) : uniform(&r) * 30.0f;
+                if (kind == 1 && i % 5 == 4)
+                    v[i] = -INFINITY;
+            }
+            if (kind == 2)
+                v[n / 2] = NAN;
+            if (kind == 3)
+                v[0] = NAN;
+            float max = v[0], part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (size_t i = 1; i < n; i++)
+                if (v[i] > max)
+                    max = v[i];
+            for (size_t i = 0; i < n; i++) {
+                want[i] = cb_expf(v[i] - max);
+                part[i % 8] = part[i % 8] + want[i];
+            }
+            float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+            for (size_t i = 0; i < n; i++)
+                want[i] = want[i] / sum;
+            cb_softmax(v, n);
+            for (size_t i = 0; i < n; i++)
+                if (!same_bits(v[i], want[i]))
+                    return attention_fail("cb_softmax kind n", kind, n, v[i], want[i]);
+        }
+    return 0;
+}
+
 int main(void)
 {
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
@@ -414,7 +509,7 @@ int main(void)
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
     double worst = 0.0;
-    if (check_exp() || check_dot())
+    if (check_exp() || check_dot() || check_attention())
         return 1;
     for (int kind = 0; kind < N_KINDS; kind++)
         for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
