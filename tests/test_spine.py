@@ -11,7 +11,7 @@ import pytest
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
-from colibri.runtime import load
+from colibri.runtime import ColibriError, load
 
 from blobread import header as blob_header
 from blobread import weights as blob_weights
@@ -191,3 +191,24 @@ def test_prefill_block_trades_arena_for_nothing_else(golden_ckpts, build_model):
     assert np.array_equal(logits[1], logits[7]) and np.array_equal(logits[1], logits[32])
     for b, o in outs.items():
         assert load(o / "model.bin").arena_bytes == arenas[b]["arena_bytes"]
+
+
+def test_specialised_build_refuses_other_blobs(golden_ckpts, build_model):
+    """A model library is compiled against its model.h: given another model's blob, or its own model
+    exported with the other kind of activations (which decides the kernels it was built with), colibri_init
+    returns COLIBRI_E_MODEL_MISMATCH; the generic runtime runs all of them."""
+    ckpt = golden_ckpts["mixtral_f16"]
+    q8 = build_model(ckpt, "int8c")
+    flt = build_model(ckpt, "int8c", "host", "ACTIVATIONS=float")
+    other = build_model(golden_ckpts["top1_tied_bf16"], "int8c")
+    for lib, blob in ((q8, flt), (flt, q8), (q8, other)):
+        spec = lib / f"libcolibri_{lib.name}.so"
+        with pytest.raises(ColibriError) as e:
+            load(blob / "model.bin", runtime=spec)
+        assert e.value.status == 14, f"{spec} with {blob / 'model.bin'}: {e.value}"
+        generic = load(blob / "model.bin", runtime=lib / "libcolibri.so")
+        assert np.all(np.isfinite(generic.forward([1, 2, 3])))
+    for lib in (q8, flt):  # and each its own blob, as the linked-in one
+        spec = lib / f"libcolibri_{lib.name}.so"
+        own = load(lib / "model.bin", runtime=spec).forward([1, 2, 3])
+        assert np.array_equal(own, load(spec).forward([1, 2, 3]))

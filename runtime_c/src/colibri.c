@@ -136,6 +136,14 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_FLAGS(c) ((void)(c), (uint32_t)COLIBRI_FLAGS)
 #define CB_SHARED_FFN(c) ((void)(c), (size_t)COLIBRI_SHARED_FFN)
 #define CB_DENSE_FFN(c) ((void)(c), (size_t)COLIBRI_DENSE_FFN)
+/* int8 activations (format 1.2) exactly when the export planned their buffer: then no matrix takes the
+ * float SIMD kernels (the router is scalar), and the linker drops them from the image */
+#ifdef COLIBRI_BUF_XQ
+#define CB_SPEC_INT8_ACTS 1
+#else
+#define CB_SPEC_INT8_ACTS 0
+#endif
+#define CB_INT8_ACTS(c) ((void)(c), CB_SPEC_INT8_ACTS)
 #else
 #define CB_VOCAB(c) ((size_t)(c)->m.vocab)
 #define CB_HIDDEN(c) ((size_t)(c)->m.hidden)
@@ -151,6 +159,7 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_FLAGS(c) ((c)->m.flags)
 #define CB_SHARED_FFN(c) ((size_t)(c)->m.shared_ffn)
 #define CB_DENSE_FFN(c) ((size_t)(c)->m.dense_ffn)
+#define CB_INT8_ACTS(c) ((c)->m.xq_off != 0)
 #endif
 
 /* ----------------------------------------------------------- blob access */
@@ -336,7 +345,8 @@ static colibri_status cb_check_header(const uint8_t *b, size_t len, cb_model *m)
         || m->n_heads != COLIBRI_N_HEADS || m->n_kv_heads != COLIBRI_N_KV_HEADS || m->head_dim != COLIBRI_HEAD_DIM
         || m->ffn != COLIBRI_FFN || m->n_experts != COLIBRI_N_EXPERTS || m->top_k != COLIBRI_TOP_K
         || m->max_seq != COLIBRI_MAX_SEQ || m->tied != COLIBRI_TIED_LM_HEAD || m->flags != COLIBRI_FLAGS
-        || m->shared_ffn != COLIBRI_SHARED_FFN || m->dense_ffn != COLIBRI_DENSE_FFN)
+        || m->shared_ffn != COLIBRI_SHARED_FFN || m->dense_ffn != COLIBRI_DENSE_FFN
+        || (m->xq_off != 0) != CB_SPEC_INT8_ACTS)
         return COLIBRI_E_MODEL_MISMATCH;
 #endif
     return COLIBRI_OK;
@@ -589,14 +599,14 @@ static void cb_mm_x(const colibri_ctx *c, size_t i, size_t n, const float *const
 #ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
     size_t unit = t.q8 ? CB_TILE_ROWS : 4, tasks = c->parallel_tasks < t.rows / unit ? c->parallel_tasks : t.rows / unit;
     if (c->parallel_for && tasks > 1 && (uint64_t)t.rows * t.cols * n >= CB_PARALLEL_MIN_MACS) {
-        cb_mm_job job = {&t, n, tasks, t.q8 ? xq : NULL, c->m.xq_off != 0, x, y, alpha, accumulate};
+        cb_mm_job job = {&t, n, tasks, t.q8 ? xq : NULL, CB_INT8_ACTS(c), x, y, alpha, accumulate};
         c->parallel_for(cb_mm_task, &job, tasks, c->parallel_user);
         return;
     }
 #endif
     if (t.q8)
         cb_matmul_q8(&t, 0, t.rows, n, xq, x, y, alpha, accumulate);
-    else if (c->m.xq_off) /* the router: scalar, so a 1.2 blob's forward pass is the same bits everywhere */
+    else if (CB_INT8_ACTS(c)) /* the router: scalar, so a 1.2 blob's forward pass is the same bits everywhere */
         cb_matmul_scalar(&t, 0, t.rows, n, x, y, alpha, accumulate);
     else
         cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
