@@ -42,7 +42,7 @@ typedef enum colibri_status {
     COLIBRI_E_ARENA_ALIGN = 11,  /* arena pointer not 64-byte aligned */
     COLIBRI_E_ARENA_SMALL = 12,  /* arena smaller than the model needs */
     COLIBRI_E_BAD_PLAN = 13,     /* arena plan in the blob overlaps live buffers or overflows */
-    COLIBRI_E_MODEL_MISMATCH = 14, /* specialised build given a blob of another model */
+    COLIBRI_E_MODEL_MISMATCH = 14, /* specialised build given a blob of another model or activation kind */
     COLIBRI_E_NOT_INIT = 15,     /* context not initialised by colibri_init */
     COLIBRI_E_TOKEN = 16,        /* token id outside [0, vocab) */
     COLIBRI_E_SEQ_FULL = 17,     /* forward would go past max_seq positions */
