@@ -497,6 +497,30 @@ static int check_attention(void)
     return 0;
 }
 
+/* cb_f16_to_f32 (the hardware conversion where the target has one) against the definition for all 65536
+ * halves: (-1)^s 2^(e-15) (1 + m/1024), subnormals 2^-14 m/1024, infinities, and NaN (sign kept). */
+static int check_f16(void)
+{
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, pow_bits = (e ? e : 1u) + 127u - 25u;
+        float pow2, want, got = cb_f16_to_f32((uint16_t)h);
+        memcpy(&pow2, &(uint32_t){pow_bits << 23}, sizeof pow2); /* 2^(e - 25), exact */
+        want = e == 0x1fu ? (m ? NAN : INFINITY) : (float)(e ? m | 0x400u : m) * pow2;
+        want = h & 0x8000u ? -want : want;
+        if (memcmp(&got, &want, sizeof got) != 0 && !(isnan(got) && isnan(want) && signbit(got) == signbit(want))) {
+            put_str("FAIL cb_f16_to_f32 of half ");
+            put_size(h);
+            put_str(": ");
+            put_exact(got);
+            put_str(" vs ");
+            put_exact(want);
+            put_str("\n");
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int main(void)
 {
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
@@ -509,7 +533,7 @@ int main(void)
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
     double worst = 0.0;
-    if (check_exp() || check_dot() || check_attention())
+    if (check_f16() || check_exp() || check_dot() || check_attention())
         return 1;
     for (int kind = 0; kind < N_KINDS; kind++)
         for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
