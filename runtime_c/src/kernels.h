@@ -19,6 +19,9 @@
 #include <stdint.h>
 #if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON) && !defined(COLIBRI_SCALAR)
+#include <arm_neon.h>
+#define CB_ATT_NEON 1 /* AArch64: IEEE subnormals, so its vector sums are the scalar ones' bits */
 #endif
 
 enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4 }; /* weight and scale dtypes, as in FORMAT.md */
@@ -66,7 +69,7 @@ static inline float cb_dot(const float *a, const float *b, size_t n)
 /* out[t] = cb_dot(q, keys + t * stride, hd) * scale for t < n: the attention's scores. With AVX2 (hd a
  * multiple of 8) eight positions at a time, each position's eight lane sums in a register of its own and
  * the eight registers combined across one another in cb_dot's order: the same bits, without one
- * horizontal reduction per position. */
+ * horizontal reduction per position. AArch64 NEON does the same four positions at a time. */
 static inline void cb_scores(float *restrict out, const float *restrict q, const float *restrict keys, size_t stride,
                              size_t n, size_t hd, float scale)
 {
@@ -98,13 +101,39 @@ static inline void cb_scores(float *restrict out, const float *restrict q, const
             _mm256_storeu_ps(out + t, _mm256_permutevar8x32_ps(s, order));
         }
     }
+#elif defined(CB_ATT_NEON) /* four positions a pass: sums 0-3 and 4-7 of each in two registers */
+    if (hd % 8 == 0) {
+        const float32x4_t vscale = vdupq_n_f32(scale), zero = vdupq_n_f32(0.0f);
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = keys + t * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+            float32x4_t l0 = zero, l1 = zero, l2 = zero, l3 = zero, h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+            for (size_t i = 0; i < hd; i += 8) { /* written out: GCC keeps arrays of these in memory */
+                float32x4_t qa = vld1q_f32(q + i), qb = vld1q_f32(q + i + 4);
+                l0 = vaddq_f32(l0, vmulq_f32(qa, vld1q_f32(k0 + i)));
+                h0 = vaddq_f32(h0, vmulq_f32(qb, vld1q_f32(k0 + i + 4)));
+                l1 = vaddq_f32(l1, vmulq_f32(qa, vld1q_f32(k1 + i)));
+                h1 = vaddq_f32(h1, vmulq_f32(qb, vld1q_f32(k1 + i + 4)));
+                l2 = vaddq_f32(l2, vmulq_f32(qa, vld1q_f32(k2 + i)));
+                h2 = vaddq_f32(h2, vmulq_f32(qb, vld1q_f32(k2 + i + 4)));
+                l3 = vaddq_f32(l3, vmulq_f32(qa, vld1q_f32(k3 + i)));
+                h3 = vaddq_f32(h3, vmulq_f32(qb, vld1q_f32(k3 + i + 4)));
+            }
+            /* u = s0+s4, s1+s5, s2+s6, s3+s7 per position; then u0+u2 and u1+u3 of each (pairwise adds
+             * of the unzipped lanes), and their sum */
+            float32x4_t u0 = vaddq_f32(l0, h0), u1 = vaddq_f32(l1, h1), u2 = vaddq_f32(l2, h2), u3 = vaddq_f32(l3, h3);
+            float32x4_t even = vpaddq_f32(vuzp1q_f32(u0, u1), vuzp1q_f32(u2, u3));
+            float32x4_t odd = vpaddq_f32(vuzp2q_f32(u0, u1), vuzp2q_f32(u2, u3));
+            vst1q_f32(out + t, vmulq_f32(vaddq_f32(even, odd), vscale));
+        }
+    }
 #endif
     for (; t < n; t++)
         out[t] = cb_dot(q, keys + t * stride, hd) * scale;
 }
 
 /* out[i] = sum over t < n, in order, of w[t] * rows[t * stride + i], for i < len (the attention's values
- * weighted by the scores): the outputs kept in registers across all t (32 at a time with AVX2, else 8),
+ * weighted by the scores): the outputs kept in registers across all t (32 at a time with AVX2, 16 with
+ * AArch64 NEON, else 8),
  * each element still the same multiplies and adds in the same order as one axpy per t. */
 static inline void cb_weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows,
                                     size_t stride, size_t n, size_t len)
@@ -126,6 +155,22 @@ static inline void cb_weighted_rows(float *restrict out, const float *restrict w
         _mm256_storeu_ps(out + i0 + 8, a1);
         _mm256_storeu_ps(out + i0 + 16, a2);
         _mm256_storeu_ps(out + i0 + 24, a3);
+    }
+#elif defined(CB_ATT_NEON)
+    for (const size_t n16 = len & ~(size_t)15; i0 < n16; i0 += 16) {
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        const float *r = rows + i0;
+        for (size_t t = 0; t < n; t++, r += stride) {
+            float32x4_t wt = vdupq_n_f32(w[t]);
+            a0 = vaddq_f32(a0, vmulq_f32(wt, vld1q_f32(r)));
+            a1 = vaddq_f32(a1, vmulq_f32(wt, vld1q_f32(r + 4)));
+            a2 = vaddq_f32(a2, vmulq_f32(wt, vld1q_f32(r + 8)));
+            a3 = vaddq_f32(a3, vmulq_f32(wt, vld1q_f32(r + 12)));
+        }
+        vst1q_f32(out + i0, a0);
+        vst1q_f32(out + i0 + 4, a1);
+        vst1q_f32(out + i0 + 8, a2);
+        vst1q_f32(out + i0 + 12, a3);
     }
 #endif
     for (; i0 < whole; i0 += 8) {
