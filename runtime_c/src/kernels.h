@@ -80,19 +80,24 @@ static inline void cb_scores(float *restrict out, const float *restrict q, const
         const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for (; t + 8 <= n; t += 8) {
             const float *k = keys + t * stride;
-            __m256 a[8];
-            for (size_t p = 0; p < 8; p++)
-                a[p] = _mm256_setzero_ps();
-            for (size_t i = 0; i < hd; i += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (size_t i = 0; i < hd; i += 8, k += 8) { /* written out: GCC keeps arrays of these in memory */
                 __m256 qi = _mm256_loadu_ps(q + i);
-                for (size_t p = 0; p < 8; p++)
-                    a[p] = _mm256_add_ps(a[p], _mm256_mul_ps(qi, _mm256_loadu_ps(k + p * stride + i)));
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(qi, _mm256_loadu_ps(k)));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(qi, _mm256_loadu_ps(k + stride)));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 2 * stride)));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 3 * stride)));
+                a4 = _mm256_add_ps(a4, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 4 * stride)));
+                a5 = _mm256_add_ps(a5, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 5 * stride)));
+                a6 = _mm256_add_ps(a6, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 6 * stride)));
+                a7 = _mm256_add_ps(a7, _mm256_mul_ps(qi, _mm256_loadu_ps(k + 7 * stride)));
             }
             /* u = s0+s4, s1+s5, s2+s6, s3+s7 of positions p and p + 1 in one register */
-            __m256 b[4];
-            for (size_t p = 0; p < 4; p++)
-                b[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
-                                     _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+            __m256 b[4] = {
+                _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31)),
+                _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31)),
+                _mm256_add_ps(_mm256_permute2f128_ps(a4, a5, 0x20), _mm256_permute2f128_ps(a4, a5, 0x31)),
+                _mm256_add_ps(_mm256_permute2f128_ps(a6, a7, 0x20), _mm256_permute2f128_ps(a6, a7, 0x31))};
             /* u0+u2, u1+u3 of positions 0, 2 | 1, 3 (and 4, 6 | 5, 7) */
             __m256 c0 = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], 0x44), _mm256_shuffle_ps(b[0], b[1], 0xee));
             __m256 c1 = _mm256_add_ps(_mm256_shuffle_ps(b[2], b[3], 0x44), _mm256_shuffle_ps(b[2], b[3], 0xee));
