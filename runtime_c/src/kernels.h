@@ -138,8 +138,8 @@ static inline void cb_scores(float *restrict out, const float *restrict q, const
 
 /* out[i] = sum over t < n, in order, of w[t] * rows[t * stride + i], for i < len (the attention's values
  * weighted by the scores): the outputs kept in registers across all t (32 at a time with AVX2, 16 with
- * AArch64 NEON, else 8),
- * each element still the same multiplies and adds in the same order as one axpy per t. */
+ * AArch64 NEON, else 8), each element still the same multiplies and adds in the same order as one axpy
+ * per t. */
 static inline void cb_weighted_rows(float *restrict out, const float *restrict w, const float *restrict rows,
                                     size_t stride, size_t n, size_t len)
 {
