@@ -35,8 +35,6 @@
 #define MAX_COLS 320u /* col_counts below */
 
 #if defined(CB_TEST_BARE_METAL)
-#include "board.h"
-
 /* Every block of one case, each rounded up to 16 bytes: both copies of the weights (the tiled one
  * padded to whole tiles), both copies of the scales (f32 and one per 32 columns at most), and the
  * outliers (ogap and oval; about 1 weight in 32 has one, room is left for 1 in 16). */
@@ -45,82 +43,10 @@
     (MAX_ROWS * MAX_COLS + PAD_ROWS * MAX_COLS + (MAX_ROWS + PAD_ROWS) * (MAX_COLS / 32u) * 4u +           \
      2u * 2u * (MAX_ROWS * MAX_COLS / 16u + 1u) + 6u * 16u)
 #define WEIGHT_SKEW 1u /* the row-major weights' offset from a 16-byte boundary */
-
-typedef struct pool {
-    _Alignas(16) unsigned char bytes[POOL_BYTES];
-    size_t used;
-} pool;
-
-static pool case_pool;
-
-/* n zeroed bytes, skew bytes past a 16-byte boundary; NULL when the pool is exhausted */
-static void *take(size_t n, size_t skew)
-{
-    pool *p = &case_pool;
-    size_t at = (p->used + 15u) / 16u * 16u + skew;
-    if (at > sizeof p->bytes || sizeof p->bytes - at < n)
-        return NULL;
-    p->used = at + n;
-    return memset(p->bytes + at, 0, n);
-}
-
-static void give_back(void *block)
-{
-    (void)block;
-    case_pool.used = 0; /* the blocks of one case go back together */
-}
-
-static void put_str(const char *s)
-{
-    board_puts(s);
-}
-
-static void put_size(size_t v)
-{
-    board_put_dec((uint64_t)v);
-}
-
-static void put_real(double v) /* the value as an f32's bits: no float formatting on the board */
-{
-    float f = (float)v;
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    board_puts("f32 ");
-    board_put_hex(u);
-}
 #else
-#include <stdio.h>
-#include <stdlib.h>
-
 #define WEIGHT_SKEW 0u /* malloc's alignment */
-
-static void *take(size_t n, size_t skew)
-{
-    (void)skew;
-    return calloc(n ? n : 1, 1);
-}
-
-static void give_back(void *block)
-{
-    free(block);
-}
-
-static void put_str(const char *s)
-{
-    fputs(s, stdout);
-}
-
-static void put_size(size_t v)
-{
-    printf("%zu", v);
-}
-
-static void put_real(double v)
-{
-    printf("%.9g", v);
-}
 #endif
-
+#include "test_io.h"
 #include "test_rng.h"
 
 typedef struct pair {

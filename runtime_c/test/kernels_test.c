@@ -36,106 +36,12 @@
 #include "../src/kernels.h"
 
 #if defined(CB_TEST_BARE_METAL)
-#include "board.h"
-
 #define EXP_N 1027
 #define POOL_BYTES 65536u
-
-typedef struct pool {
-    _Alignas(16) unsigned char bytes[POOL_BYTES];
-    size_t used;
-} pool;
-
-static pool case_pool;
-
-/* n zeroed bytes, skew bytes past a 16-byte boundary; NULL when the pool is exhausted */
-static void *take(size_t n, size_t skew)
-{
-    pool *p = &case_pool;
-    size_t at = (p->used + 15u) / 16u * 16u + skew;
-    if (at > sizeof p->bytes || sizeof p->bytes - at < n)
-        return NULL;
-    p->used = at + n;
-    return memset(p->bytes + at, 0, n);
-}
-
-static void give_back(void *block) /* a stack: the block and every one taken after it */
-{
-    if (block) /* back to its 16-byte boundary, where take() began it */
-        case_pool.used = (size_t)((unsigned char *)block - case_pool.bytes) / 16u * 16u;
-}
-
-static void put_str(const char *s)
-{
-    board_puts(s);
-}
-
-static void put_size(size_t v)
-{
-    board_put_dec((uint64_t)v);
-}
-
-static void put_real(double v) /* the value as an f32's bits */
-{
-    float f = (float)v;
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    board_puts("f32 ");
-    board_put_hex(u);
-}
-
-static void put_exact(float v)
-{
-    put_real(v);
-}
-
-static void put_small(double v) /* a small error or bound: in whole units of 1e-9 */
-{
-    board_put_dec((uint64_t)(v * 1e9 + 0.5));
-    board_puts("e-9");
-}
 #else
-#include <stdio.h>
-#include <stdlib.h>
-
 #define EXP_N 4099
-
-static void *take(size_t n, size_t skew) /* exact-size heap blocks (ASan: an over-read traps) */
-{
-    (void)skew;
-    return calloc(n ? n : 1, 1);
-}
-
-static void give_back(void *block)
-{
-    free(block);
-}
-
-static void put_str(const char *s)
-{
-    fputs(s, stdout);
-}
-
-static void put_size(size_t v)
-{
-    printf("%zu", v);
-}
-
-static void put_real(double v)
-{
-    printf("%.9g", v);
-}
-
-static void put_exact(float v)
-{
-    printf("%a", (double)v);
-}
-
-static void put_small(double v)
-{
-    printf("%.3g", v);
-}
 #endif
+#include "test_io.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EXACT_BUFFERS 1
@@ -336,8 +242,32 @@ static int check_matmul(const cb_tensor *t, rng *r)
     return bad;
 }
 
-/* cb_exp_shift and cb_silu_mul (vector code where the target has it) against cb_expf element by element,
- * bit for bit, over a sweep of inputs with the special ones: NaN, infinities, the clamp edges, subnormals. */
+static int same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+#define NO_INDEX ((size_t)-1)
+
+/* prints "FAIL <what> <a> [<b>]: <got> vs <want>" (b left out when it is NO_INDEX); returns 1 */
+static int fail_bits(const char *what, size_t a, size_t b, float got, float want)
+{
+    put_str("FAIL ");
+    put_str(what);
+    put_str(" ");
+    put_size(a);
+    if (b != NO_INDEX) {
+        put_str(" ");
+        put_size(b);
+    }
+    put_str(": ");
+    put_exact(got);
+    put_str(" vs ");
+    put_exact(want);
+    put_str("\n");
+    return 1;
+}
+
 /* cb_dot (vector code where the target has it) against its rule written out: element i into sum i % 8,
  * the sums combined ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)), bit for bit. */
 static int check_dot(void)
@@ -353,20 +283,14 @@ static int check_dot(void)
         for (size_t i = 0; i < n; i++)
             s[i % 8] = s[i % 8] + a[i] * b[i];
         float want = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])), got = cb_dot(a, b, n);
-        if (memcmp(&got, &want, sizeof got) != 0) {
-            put_str("FAIL cb_dot n=");
-            put_size(n);
-            put_str(": ");
-            put_exact(got);
-            put_str(" vs ");
-            put_exact(want);
-            put_str("\n");
-            return 1;
-        }
+        if (memcmp(&got, &want, sizeof got) != 0)
+            return fail_bits("cb_dot n", n, NO_INDEX, got, want);
     }
     return 0;
 }
 
+/* cb_exp_shift and cb_silu_mul (vector code where the target has it) against cb_expf element by element,
+ * bit for bit, over a sweep of inputs with the special ones: NaN, infinities, the clamp edges, subnormals. */
 static int check_exp(void)
 {
     static float v[EXP_N], g[EXP_N], u[EXP_N], want[EXP_N], wg[EXP_N];
@@ -407,27 +331,6 @@ static int check_exp(void)
  * bit: cb_scores as cb_dot's rule times the scale, position by position; cb_weighted_rows as one multiply
  * and add per position, in order, never writing past len; cb_softmax as the first largest value (NaNs
  * skipped unless the first is one), cb_expf, cb_dot's eight partial sums and a division. */
-static int same_bits(float a, float b)
-{
-    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
-}
-
-static int attention_fail(const char *what, size_t a, size_t b, float got, float want)
-{
-    put_str("FAIL ");
-    put_str(what);
-    put_str(" ");
-    put_size(a);
-    put_str(" ");
-    put_size(b);
-    put_str(": ");
-    put_exact(got);
-    put_str(" vs ");
-    put_exact(want);
-    put_str("\n");
-    return 1;
-}
-
 static int check_attention(void)
 {
     enum { T = 41, HD = 72, STRIDE = 80 };
@@ -451,7 +354,7 @@ static int check_attention(void)
                 float dot = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
                 float expect = t == n ? SENTINEL : dot * scale;
                 if (!same_bits(got[t], expect))
-                    return attention_fail("cb_scores hd n", hd, n, got[t], expect);
+                    return fail_bits("cb_scores hd n", hd, n, got[t], expect);
             }
         }
     for (size_t len = 0; len <= HD; len++)
@@ -464,7 +367,7 @@ static int check_attention(void)
                     acc = acc + w[t] * keys[5 + t * STRIDE + i];
                 float expect = i == len ? SENTINEL : acc;
                 if (!same_bits(got[i], expect))
-                    return attention_fail("cb_weighted_rows len n", len, n, got[i], expect);
+                    return fail_bits("cb_weighted_rows len n", len, n, got[i], expect);
             }
         }
     for (size_t kind = 0; kind < 4; kind++)
@@ -492,7 +395,7 @@ static int check_attention(void)
             cb_softmax(v, n);
             for (size_t i = 0; i < n; i++)
                 if (!same_bits(v[i], want[i]))
-                    return attention_fail("cb_softmax kind n", kind, n, v[i], want[i]);
+                    return fail_bits("cb_softmax kind n", kind, n, v[i], want[i]);
         }
     return 0;
 }
@@ -507,16 +410,8 @@ static int check_f16(void)
         memcpy(&pow2, &(uint32_t){pow_bits << 23}, sizeof pow2); /* 2^(e - 25), exact */
         want = e == 0x1fu ? (m ? NAN : INFINITY) : (float)(e ? m | 0x400u : m) * pow2;
         want = h & 0x8000u ? -want : want;
-        if (memcmp(&got, &want, sizeof got) != 0 && !(isnan(got) && isnan(want) && signbit(got) == signbit(want))) {
-            put_str("FAIL cb_f16_to_f32 of half ");
-            put_size(h);
-            put_str(": ");
-            put_exact(got);
-            put_str(" vs ");
-            put_exact(want);
-            put_str("\n");
-            return 1;
-        }
+        if (!same_bits(got, want) || signbit(got) != signbit(want))
+            return fail_bits("cb_f16_to_f32 of half", h, NO_INDEX, got, want);
     }
     return 0;
 }
