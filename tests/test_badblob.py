@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import struct
 import subprocess
 import zlib
@@ -109,6 +110,11 @@ def plan_overlap(b):
     return _put(b, 96 + 8 * 4, "Q", offs[2])  # q on top of x, both live in attention
 
 
+def plan_lifetimes_touch(b):
+    offs = struct.unpack_from("<11Q", b, 96)
+    return _put(b, 96 + 8 * 5, "Q", offs[4])  # att (steps 3-4) on top of q (steps 1-3): both live at step 3
+
+
 def plan_outside_arena(b):
     return _put(b, 96 + 8 * 6, "Q", header(bytes(b))["arena_bytes"])
 
@@ -151,7 +157,7 @@ CASES = {f.__name__: (f, code) for f, code in [
     (tensor_huge_offset, "TENSOR_BOUNDS"), (tensor_misaligned, "TENSOR_BOUNDS"),
     (tensor_wrong_kind, "BAD_TENSOR"), (tensor_wrong_shape, "BAD_TENSOR"),
     (outliers_repeated, "BAD_TENSOR"), (outliers_past_matrix, "BAD_TENSOR"), (plan_overlap, "BAD_PLAN"),
-    (plan_outside_arena, "BAD_PLAN"),
+    (plan_lifetimes_touch, "BAD_PLAN"), (plan_outside_arena, "BAD_PLAN"),
 ]}
 
 
@@ -193,6 +199,38 @@ def test_bad_q8_blob_returns_its_code(case, asan_q8_build, tmp_path):
     h = header((asan_q8_build / "model.bin").read_bytes())
     assert (h["version_minor"], h["layout"]) == (2, 2) and h["xq_offset"], h  # the blob these cases mutate
     _expect_code(asan_q8_build, *Q8_CASES[case], tmp_path)
+
+
+# FORMAT.md "Arena": live steps of the 11 base buffers, in table order
+LIVE_STEPS = [(0, 11), (0, 11), (0, 11), (0, 11), (1, 3), (3, 4), (3, 3), (7, 8), (8, 8), (8, 8), (8, 9)]
+
+
+def test_plan_may_share_between_disjoint_lifetimes(asan_build, tmp_path):
+    """The plan check is exact, not merely strict: a buffer moved onto one of disjoint lifetime, clear of
+    every buffer live with it, is a valid plan the runtime must run, with the
+    same tokens as the exporter's own plan."""
+    raw = bytearray((asan_build / "model.bin").read_bytes())
+    offs = list(struct.unpack_from("<11Q", raw, 96))
+    sizes = {b["name"]: b["bytes"] for b in json.loads((asan_build / "manifest.json").read_text())["arena"]["buffers"]}
+    size = [sizes[n] for n in ("key_cache", "value_cache", "x", "xb", "q", "att", "scores", "router", "gate", "up",
+                               "moe")]
+    arena = header(bytes(raw))["arena_bytes"]
+
+    def live_with(r: int) -> list[int]:
+        return [i for i, (a, z) in enumerate(LIVE_STEPS) if i != r and a <= LIVE_STEPS[r][1] and LIVE_STEPS[r][0] <= z]
+
+    moves = [(r, offs[i]) for r in range(11) for i in range(11)
+             if i != r and i not in live_with(r) and offs[i] != offs[r] and offs[i] + size[r] <= arena
+             and all(offs[i] + size[r] <= offs[j] or offs[j] + size[j] <= offs[i] for j in live_with(r))]
+    assert moves, "no buffer of disjoint lifetime to share with"
+    r, off = moves[0]
+    blob = tmp_path / "shared.bin"
+    blob.write_bytes(bytes(_put(raw, 96 + 8 * r, "Q", off)))
+    run = [asan_build / "colibri_run", "--generate", "4"]
+    want = subprocess.run([run[0], asan_build / "model.bin", *run[1:]], capture_output=True, text=True)
+    got = subprocess.run([run[0], blob, *run[1:]], capture_output=True, text=True)
+    assert want.returncode == 0 and got.returncode == 0, got.stderr
+    assert got.stdout.splitlines()[0] == want.stdout.splitlines()[0]  # the tokens: line
 
 
 def _lib_and_blob(out):
