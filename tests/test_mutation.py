@@ -28,6 +28,25 @@ BUFFER_OFFSETS = [(96 + 8 * i, "Q") for i in range(13)]  # 11 in format 1.0, 13 
 DENSE_MAP = 216  # format 1.1: 32 bytes, one bit per dense layer
 
 
+S = {"OK": 0, "BAD_MAGIC": 2, "VERSION": 3, "TRUNCATED": 4, "CRC": 5, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7,
+     "BAD_TENSOR": 8, "LAYOUT": 9, "BAD_PLAN": 13}
+_ANY = set(S.values())
+# The statuses a blob may get once its length field and CRC are made to match again ("fixed-up"), by class
+# of mutation: a longer blob is still valid; a table entry can only break its tensor; a plan field only the
+# plan (or, past the 11 base buffers of a blob without format 1.1 features, those header words); the dense
+# map only the header's layer structure (or the tensors it then asks for); a cut blob has tensors past its
+# end (-1: too short to fix up).
+EXPECTED = {
+    "extend": {S["OK"]},
+    "entry_field": {S["OK"], S["TENSOR_BOUNDS"], S["BAD_TENSOR"]},
+    "plan_field": {S["OK"], S["BAD_PLAN"], S["BAD_HEADER"]},
+    "dense_map": {S["BAD_HEADER"], S["BAD_TENSOR"]},
+    "truncate": {-1, S["OK"], S["TRUNCATED"], S["TENSOR_BOUNDS"]},
+    "stale_crc": _ANY - {S["BAD_MAGIC"], S["VERSION"]},
+    **dict.fromkeys(("bitflip", "bitflip_head", "garbage", "header_field", "two_fields"), _ANY),
+}
+
+
 def _extremes(bits: int, rng) -> list[int]:
     top = (1 << bits) - 1
     return [0, 1, 2, 63, 64, 65, top, top - 1, top >> 1, (top >> 1) + 1, 1 << (bits // 2),
@@ -49,7 +68,12 @@ def mutate(blob: bytes, rng) -> tuple[str, bytes]:
     h = header(blob)
     table_end = entry_offset(h["n_tensors"])
     kind = ["bitflip", "bitflip_head", "truncate", "extend", "garbage", "header_field", "entry_field",
-            "plan_field", "two_fields", "dense_map"][rng.integers(10)]
+            "plan_field", "two_fields", "dense_map", "stale_crc"][rng.integers(11)]
+    if kind == "stale_crc":  # flips in the tensor data, the CRC left as it was: only the CRC can tell
+        for _ in range(int(rng.integers(1, 17))):
+            bit = int(rng.integers(table_end * 8, len(b) * 8))
+            b[bit // 8] ^= 1 << (bit % 8)
+        return kind, bytes(b)
     if kind in ("bitflip", "bitflip_head"):
         end = len(b) if kind == "bitflip" else table_end
         for _ in range(int(rng.integers(1, 17))):
@@ -123,3 +147,8 @@ def test_random_mutations_never_crash(kernels, tmp_path, mutations):
     # the mutations reach well past the CRC: most failure codes show up, and some blobs still load
     assert by_status[0] > 50, summary
     assert len(by_status) >= 9, summary
+    # and each class of mutation gets the codes its check owns (FORMAT.md), nothing else
+    for kind, statuses in by_kind.items():
+        assert set(statuses) <= EXPECTED[kind], f"{kind}: {dict(statuses)} not within {sorted(EXPECTED[kind])}"
+    stale = [raw for raw, _, path in rows if kinds[path] == "stale_crc"]
+    assert stale and set(stale) == {S["CRC"]}, collections.Counter(stale)
