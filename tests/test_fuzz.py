@@ -1,10 +1,12 @@
 """libFuzzer over colibri_init + forward (runtime_c/test/fuzz_blob.c), seeded with tiny exports.
 
-The suite fuzzes for COLIBRI_FUZZ_SECONDS (default 60) and fails on any crash, hang, sanitizer
-report or broken API promise; the input that caused it is named in the failure. Every input
-that once crashed is kept in runtime_c/test/regress/ and replayed here first.
+The suite fuzzes for COLIBRI_FUZZ_SECONDS (default 15) from a fixed libFuzzer seed and fails on any
+crash, hang, sanitizer report or broken API promise; the input that caused it is named in the failure.
+runtime_c/test/regress/ holds one blob per validator check (tests/fixtures/make_fuzz_regressions.py) and
+every input that once crashed: each is replayed here with the status its name gives, and seeds the fuzzer.
 
-    COLIBRI_FUZZ_SECONDS=600 .venv/bin/python -m pytest -s tests/test_fuzz.py   # a long run
+    COLIBRI_FUZZ_SECONDS=600 COLIBRI_FUZZ_SEED=0 .venv/bin/python -m pytest -s tests/test_fuzz.py   # a long,
+                                                                                   # randomly seeded run
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 
 import pytest
+from test_badblob import E as STATUS
 
 from cbuild import (
     ASAN,
@@ -31,7 +34,8 @@ from cbuild import (
     seed_blobs,
 )
 
-FUZZ_SECONDS = int(os.environ.get("COLIBRI_FUZZ_SECONDS", "60"))
+FUZZ_SECONDS = int(os.environ.get("COLIBRI_FUZZ_SECONDS", "15"))
+FUZZ_SEED = int(os.environ.get("COLIBRI_FUZZ_SEED", "1"))  # 0: libFuzzer picks one
 REGRESS = TEST_SRC / "regress"
 
 
@@ -52,10 +56,15 @@ def runner(tmp_path_factory):
 
 
 def test_seeds_and_regressions_replay_clean(seeds, runner):
-    rows = run_files(runner, seeds + _regressions())
+    regressions = _regressions()
+    assert len(regressions) >= 18, f"{REGRESS}: the per-check blobs are missing"
+    rows = run_files(runner, seeds + regressions)
     for raw, fixed, path in rows:
         assert raw in KNOWN and fixed in KNOWN | {-1}, path
     assert all(raw == 0 and fixed == 0 for raw, fixed, _ in rows[: len(seeds)]), "a seed blob is refused"
+    for raw, _, path in rows[len(seeds):]:  # <status name>-<what>.bin: that status, as the runtime returns it
+        want = os.path.basename(path).split("-", 1)[0].upper()
+        assert raw == STATUS[want], f"{path}: status {raw}, expected {want} ({STATUS[want]})"
 
 
 def _final_stats(log: str) -> dict:
@@ -109,7 +118,7 @@ def test_fuzz_init_and_forward(seeds, tmp_path):
         shutil.copy(p, corpus / f"seed-{p.parent.name}.bin")
     for p in _regressions():
         shutil.copy(p, corpus / p.name)
-    argv = [str(fuzzer), f"-max_total_time={FUZZ_SECONDS}", "-timeout=10", "-rss_limit_mb=2048",
+    argv = [str(fuzzer), f"-max_total_time={FUZZ_SECONDS}", f"-seed={FUZZ_SEED}", "-timeout=10", "-rss_limit_mb=2048",
             "-use_value_profile=1", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/", str(corpus)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=FUZZ_SECONDS + 300,
                          env={**os.environ, **SAN_ENV})
