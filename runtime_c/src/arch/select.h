@@ -4,7 +4,7 @@
  *
  * It defines:
  *   CB_ARCH          the family whose arch/ folder holds the build's kernels: CB_ARCH_X86,
- *                    CB_ARCH_ARM (NEON, SDOT), CB_ARCH_RISCV (RVV), CB_ARCH_CORTEX_M (MVE,
+ *                    CB_ARCH_ARM (NEON, SDOT, I8MM), CB_ARCH_RISCV (RVV), CB_ARCH_CORTEX_M (MVE,
  *                    DSP), or CB_ARCH_SCALAR (no folder of its own but scalar/);
  *   CB_ISA_NAME      the path of the float-activation matmul (cb_kernels_isa());
  *   CB_ISA_Q8_NAME   the path of the integer matmul (cb_kernels_q8_isa());
@@ -82,7 +82,10 @@
 #if defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
 #define CB_ARM_FMA 1
 #endif
-#if defined(__ARM_FEATURE_DOTPROD)
+#if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__aarch64__)
+#define CB_ARM_I8MM 1 /* SMMLA: Armv8.6-A int8 matrix multiply */
+#define CB_ISA_Q8_NAME "neon-i8mm"
+#elif defined(__ARM_FEATURE_DOTPROD)
 #define CB_ARM_DOTPROD 1 /* SDOT */
 #define CB_ISA_Q8_NAME "neon-dotprod"
 #else

@@ -1,7 +1,7 @@
 /*
- * arch/arm/q8.h - the integer matmul's tile kernel for Arm NEON: SDOT with
- * the dot product extension (rpi5), SMULL/SMLAL/SADALP without it (rpi4, and
- * 32-bit rpi-armv7).
+ * arch/arm/q8.h - the integer matmul's tile kernel for Arm NEON: SMMLA with
+ * the Armv8.6 int8 matrix multiply extension, SDOT with the dot product one
+ * (rpi5), SMULL/SMLAL/SADALP without either (rpi4, and 32-bit rpi-armv7).
  * Included by kernels_q8.c only; the interface is the one of arch/x86/q8.h.
  *
  * A tile's rows r..r+3 of one 4-column chunk are 16 consecutive bytes (four
@@ -52,7 +52,26 @@ static cb_tile_acc cb_tile_scales(const cb_tensor *t, size_t tile, size_t g)
     return sc;
 }
 
-#if defined(CB_ARM_DOTPROD)
+#if defined(CB_ARM_I8MM)
+/* The block sums of rows 4i..4i+3 (one int32 lane per row): w at block b of the tile plus 16 i. SMMLA
+ * multiplies a 2x8 int8 matrix by the transpose of another into a 2x2 int32 one: zipping the 32-bit
+ * lanes of two consecutive chunks gives rows 4i, 4i+1 (and 4i+2, 4i+3) with 8 columns each, and the
+ * second matrix is the block's 8 activations twice, so lanes 0 and 2 of each result hold the two rows'
+ * sums (1 and 3 the same again). */
+static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
+{
+    int32x4_t a01 = vdupq_n_s32(0), a23 = a01;
+    for (size_t k = 0; k < CB_ACT_BLOCK / 8; k++, w += 128, q += 8) {
+        int32x4_t c0 = vreinterpretq_s32_s8(vld1q_s8(w)), c1 = vreinterpretq_s32_s8(vld1q_s8(w + 64));
+        int8x8_t x = vld1_s8(q);
+        int8x16_t xx = vcombine_s8(x, x);
+        a01 = vmmlaq_s32(a01, vreinterpretq_s8_s32(vzip1q_s32(c0, c1)), xx);
+        a23 = vmmlaq_s32(a23, vreinterpretq_s8_s32(vzip2q_s32(c0, c1)), xx);
+    }
+    return vuzp1q_s32(a01, a23);
+}
+
+#elif defined(CB_ARM_DOTPROD)
 /* The int32 sums of four rows over four chunks: w at the rows' 16 bytes of the first chunk, lane k of
  * x (as int32) the activations of chunk k. */
 static inline int32x4_t cb_quad_dot4(const int8_t *w, int8x16_t x)
