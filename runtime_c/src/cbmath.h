@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "arch/select.h" /* CB_F16_X86, CB_F16_ARM: the hardware f16 conversion */
+
 float cb_expf(float x); /* cb_expf_inline, out of line */
 float cb_sinf(float x);
 float cb_cosf(float x);
@@ -59,16 +61,15 @@ static inline float cb_expf_inline(float x)
 #endif
 
 /* In the header because the F16 kernels call it once per weight. Every f16 is exactly an f32, so the
- * hardware conversion (F16C, AArch64, an Arm FPU with half-precision conversions and the IEEE __fp16:
- * the Cortex-M55 by default, the Cortex-M7 with -mfp16-format=ieee) gives the same bits as the portable
- * code below; a signalling NaN may come out quiet. */
-#if defined(__F16C__)
+ * hardware conversion (where arch/select.h finds one) gives the same bits as the portable code below;
+ * a signalling NaN may come out quiet. */
+#if defined(CB_F16_X86)
 #include <immintrin.h>
 static inline float cb_f16_to_f32(uint16_t h)
 {
     return _cvtsh_ss(h);
 }
-#elif (defined(__aarch64__) || (defined(__ARM_FP) && (__ARM_FP & 2))) && defined(__ARM_FP16_FORMAT_IEEE)
+#elif defined(CB_F16_ARM)
 static inline float cb_f16_to_f32(uint16_t h)
 {
     __fp16 v;

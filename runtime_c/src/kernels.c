@@ -2,7 +2,8 @@
  * kernels.c - see kernels.h. The weights were bounds-checked once by
  * colibri_init; nothing here checks again.
  *
- * The SIMD path: the ISA header gives a handful of vector primitives (load
+ * The scalar kernel is arch/scalar/matmul.h. The SIMD path: the ISA's
+ * arch/<family>/matmul.h gives a handful of vector primitives (load
  * f32/f16/int8 as f32 lanes, fma, add, sum); the row dots below are written
  * once over them. Four rows at a time share each load of x, two vectors per
  * row per step keep eight FMA chains in flight (one vector and four chains
@@ -14,134 +15,13 @@
 #include "kernels.h"
 
 #include "cbmath.h"
-
-#if !defined(COLIBRI_SCALAR)
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include "kernels_x86.h"
-#elif defined(__ARM_NEON)
-#include "kernels_neon.h"
-#elif defined(__riscv_vector) && defined(__riscv_v_intrinsic)
-#include "kernels_rvv.h"
-#elif defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 2)
-#include "kernels_mve.h"
-#endif
-#endif
+#include "kernels_outl.h"
 
 #if defined(__GNUC__)
 #define CB_INLINE static inline __attribute__((always_inline))
 #else
 #define CB_INLINE static inline
 #endif
-
-
-
-#if defined(__AVX2__) && !defined(COLIBRI_SCALAR)
-#include <immintrin.h>
-/* cb_expf_inline on eight lanes: the same operations in the same order (a mul and an add where it
- * has them, never an FMA; the truncating conversion C's cast does; k / 2 rounding towards zero), the
- * special inputs blended in at the end as it selects them. */
-static inline __m256 cb_exp8(__m256 x)
-{
-    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-103.972084045410156f);
-    const __m256 zero = _mm256_setzero_ps();
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    __m256 above = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-    __m256 xc = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(x, zero, nan), lo, below), hi, above);
-    __m256 fk = _mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f));
-    __m256 half = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(-0.5f), _mm256_cmp_ps(fk, zero, _CMP_LT_OQ));
-    __m256i k = _mm256_cvttps_epi32(_mm256_add_ps(fk, half));
-    __m256 kf = _mm256_cvtepi32_ps(k);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(kf, _mm256_set1_ps(0.693359375f))),
-                             _mm256_mul_ps(kf, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(1.9875691500e-4f), r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
-    __m256i k1 = _mm256_srai_epi32(_mm256_add_epi32(k, _mm256_srli_epi32(k, 31)), 1);
-    __m256i bias = _mm256_set1_epi32(127);
-    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
-    __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(k, k1), bias), 23));
-    y = _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
-    y = _mm256_blendv_ps(y, zero, below);
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), above);
-    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), nan);
-}
-#define CB_EXP8 1
-#endif
-
-void cb_exp_shift(float *v, size_t n, float shift)
-{
-    size_t i = 0;
-#if defined(CB_EXP8)
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(v + i, cb_exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(shift))));
-#endif
-    for (; i < n; i++)
-        v[i] = cb_expf_inline(v[i] - shift);
-}
-
-void cb_softmax(float *v, size_t n)
-{
-    float max = v[0], part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    size_t i = 1;
-#if defined(CB_EXP8)
-    if (max == max) { /* VMAXPS returns its second operand when the first is a NaN: the NaNs are skipped */
-        __m256 m = _mm256_set1_ps(max);
-        for (; i + 8 <= n; i += 8)
-            m = _mm256_max_ps(_mm256_loadu_ps(v + i), m);
-        float lane[8];
-        _mm256_storeu_ps(lane, m);
-        for (size_t l = 0; l < 8; l++)
-            max = lane[l] > max ? lane[l] : max;
-    }
-#endif
-    for (; i < n; i++) /* which zero a tie of +0 and -0 keeps changes no exp(v - max) */
-        if (v[i] > max)
-            max = v[i];
-    i = 0;
-#if defined(CB_EXP8)
-    const __m256 vmax = _mm256_set1_ps(max);
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = cb_exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), vmax));
-        _mm256_storeu_ps(v + i, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    _mm256_storeu_ps(part, acc);
-    for (size_t k = i; k < n; k++)
-        v[k] = cb_expf_inline(v[k] - max);
-#else
-    cb_exp_shift(v, n, max);
-    for (; i + 8 <= n; i += 8) /* whole chunks of eight: the compiler's vector code, no remainder loop */
-        for (size_t l = 0; l < 8; l++)
-            part[l] = part[l] + v[i + l];
-#endif
-    for (; i < n; i++)
-        part[i % 8] = part[i % 8] + v[i];
-    float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-    i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t l = 0; l < 8; l++)
-            v[i + l] = v[i + l] / sum;
-    for (; i < n; i++)
-        v[i] = v[i] / sum;
-}
-
-void cb_silu_mul(float *restrict g, const float *restrict u, size_t n)
-{
-    size_t i = 0;
-#if defined(CB_EXP8)
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i), e = cb_exp8(_mm256_xor_ps(gv, sign));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < n; i++)
-        g[i] = g[i] / (1.0f + cb_expf_inline(-g[i])) * u[i];
-}
 
 float cb_scale(const cb_tensor *t, size_t r, size_t g)
 {
@@ -152,96 +32,31 @@ float cb_scale(const cb_tensor *t, size_t r, size_t g)
     return cb_f16_to_f32(((const uint16_t *)(const void *)t->scales)[i]);
 }
 
-/* sum_g scale[r][g] * sum_{c in g} q[r][c] * x[c], the outliers not included */
-static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
+/* The scalar kernel, then the vector primitives of the ISA arch/select.h chose (each header is empty
+ * unless it is the one). */
+#include "arch/scalar/matmul.h"
+#include "arch/x86/matmul.h"
+#include "arch/arm/matmul.h"
+#include "arch/riscv/matmul.h"
+#include "arch/cortex-m/matmul.h"
+
+void cb_exp_shift(float *v, size_t n, float shift)
 {
-    const void *row = t->data + r * t->row_stride;
-    size_t cols = t->cols;
-    float dot = 0.0f;
-    if (t->dtype == CB_F32)
-        return cb_dot((const float *)row, x, cols);
-    if (t->dtype == CB_F16) {
-        const uint16_t *w = (const uint16_t *)row;
-        for (size_t c = 0; c < cols; c++)
-            dot += cb_f16_to_f32(w[c]) * x[c];
-        return dot;
-    }
-    const int8_t *q = (const int8_t *)row;
-    for (size_t g = 0, c = 0; g < t->n_groups; g++) {
-        size_t end = c + t->group_size < cols ? c + t->group_size : cols;
-        float acc = 0.0f;
-        for (; c < end; c++)
-            acc += (float)q[c] * x[c];
-        dot += cb_scale(t, r, g) * acc;
-    }
-    return dot;
+    cb_exp_shift_isa(v, n, shift);
 }
 
-/* The outlier walk: (k, idx) is the next outlier and its flat index. Outliers are sorted, so one
- * pass serves all rows; cb_outl_seek starts a row range, cb_outl_add adds one row's corrections
- * to one token's dot and returns where the next row's start. */
-static cb_outl cb_outl_skip(const cb_tensor *t, cb_outl o, uint64_t row_end)
+void cb_softmax(float *v, size_t n)
 {
-    /* Sixteen at a time while the sixteenth is still before row_end: a lookup far into a large
-     * matrix (an embedding row) walks tens of thousands of them. */
-    while (o.idx < row_end && o.k + 16 < t->n_outliers) {
-        uint32_t run = 0;
-        for (size_t i = 1; i <= 16; i++)
-            run += t->ogap[o.k + i];
-        if (o.idx + run >= row_end)
-            break;
-        o.idx += run;
-        o.k += 16;
-    }
-    while (o.k < t->n_outliers && o.idx < row_end)
-        if (++o.k < t->n_outliers)
-            o.idx += t->ogap[o.k];
-    return o;
+    cb_softmax_isa(v, n);
 }
 
-cb_outl cb_outl_seek(const cb_tensor *t, uint64_t flat)
+void cb_silu_mul(float *restrict g, const float *restrict u, size_t n)
 {
-    cb_outl o = {0, t->n_outliers ? t->ogap[0] : 0};
-    return cb_outl_skip(t, o, flat);
+    cb_silu_mul_isa(g, u, n);
 }
 
-static cb_outl cb_outl_add(const cb_tensor *t, cb_outl o, uint64_t row_start, const float *x, float *dot)
-{
-    float d = *dot;
-    while (o.k < t->n_outliers && o.idx < row_start + t->cols) {
-        d += cb_f16_to_f32(t->oval[o.k]) * x[o.idx - row_start];
-        if (++o.k < t->n_outliers)
-            o.idx += t->ogap[o.k];
-    }
-    *dot = d;
-    return o;
-}
+#if defined(CB_HAS_MATMUL)
 
-/* y_j[r] for one row r and token j from its dot without outliers; returns the walk past row r */
-cb_outl cb_finish(const cb_tensor *t, cb_outl o, size_t r, const float *x, float dot, float alpha, float *y,
-                  int accumulate)
-{
-    o = cb_outl_add(t, o, (uint64_t)r * t->cols, x, &dot);
-    float v = alpha * dot;
-    y[r] = accumulate ? y[r] + v : v;
-    return o;
-}
-
-void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
-                      const float *alpha, int accumulate)
-{
-    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
-    for (size_t r = r0; r < r1; r++, o = next) /* rows outside, tokens inside: each row is read once */
-        for (size_t j = 0; j < n; j++)
-            next = cb_finish(t, o, r, x[j], cb_row_dot(t, r, x[j]), alpha[j], y[j], accumulate);
-}
-
-void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
-{
-    cb_matmul_scalar(t, 0, t->rows, 1, &x, &y, &alpha, accumulate);
-}
-
-#if defined(CB_SIMD_NAME)
 
 /* Per (row, token) dot, chain a takes the even vectors and chain b the odd ones, added at the end;
  * with CB_VCHAINS 1 chain a takes them all. After the loop over vector pairs at most one vector is
@@ -462,8 +277,8 @@ static void cb_rows_dot22(const cb_tensor *t, size_t r, const float *x0, const f
 /* Rows are taken 4 at a time for one token (four rows share each load of x), 2 at a time for
  * several (2 rows x 2 tokens share each weight and each x load), the rest one by one; every
  * (row, token) dot comes out the same in each of these, so neither n nor [r0, r1) changes a bit. */
-void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
-               const float *alpha, int accumulate)
+static void cb_matmul_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x,
+                          float *const *y, const float *alpha, int accumulate)
 {
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
     float dot[4];
@@ -497,6 +312,14 @@ void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *
     }
 }
 
+#endif /* CB_HAS_MATMUL */
+
+void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+               const float *alpha, int accumulate)
+{
+    cb_matmul_isa(t, r0, r1, n, x, y, alpha, accumulate);
+}
+
 void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
 {
     cb_matmul(t, 0, t->rows, 1, &x, &y, &alpha, accumulate);
@@ -504,28 +327,8 @@ void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int ac
 
 const char *cb_kernels_isa(void)
 {
-    return CB_SIMD_NAME;
+    return CB_ISA_NAME;
 }
-
-#else /* no SIMD path for this target */
-
-void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
-               const float *alpha, int accumulate)
-{
-    cb_matmul_scalar(t, r0, r1, n, x, y, alpha, accumulate);
-}
-
-void cb_matvec(const cb_tensor *t, const float *x, float *y, float alpha, int accumulate)
-{
-    cb_matvec_scalar(t, x, y, alpha, accumulate);
-}
-
-const char *cb_kernels_isa(void)
-{
-    return "scalar";
-}
-
-#endif
 
 void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
 {
@@ -555,9 +358,6 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
     /* this row's outliers */
     uint64_t row_start = (uint64_t)r * cols;
     cb_outl o = cb_outl_seek(t, row_start);
-    while (o.k < t->n_outliers && o.idx < row_start + cols) {
+    for (; cb_outl_before(t, o, row_start + cols); o = cb_outl_step(t, o))
         out[o.idx - row_start] += cb_f16_to_f32(t->oval[o.k]);
-        if (++o.k < t->n_outliers)
-            o.idx += t->ogap[o.k];
-    }
 }

@@ -12,7 +12,11 @@
  *   - the scalar result is within 1e-5 of the definition evaluated in double
  *     (exact integer block sums, the corrections times x);
  *   - cb_quantize_q8 keeps |q| <= 127, s = sum q, and |x - q d| <= d / 2 (+ rounding) per value;
- *   - nothing beyond the rows' outputs is written (sentinels) and the padded rows of a tile are not read
+ *   - the int8c correction walk (kernels_outl.h: cb_outl_seek, cb_outl_apply, cb_finish), which every
+ *     path shares, against a definition that decodes the flat indices itself: the same bits per
+ *     (row, token) for 1..16 rows and 1..3 tokens from any start row, including runs of corrections
+ *     longer than the seek's 16-at-a-time steps, and the walk left at the first correction past the rows;
+ (sentinels) and the padded rows of a tile are not read
  *     into the outputs (they hold garbage here, which zero scales would hide).
  * Prints "kernels_q8_test <isa>: <cases> cases, <outputs> outputs" and exits 1 on the first failure.
  *
@@ -28,6 +32,7 @@
 
 #include "../src/cbmath.h"
 #include "../src/kernels.h"
+#include "../src/kernels_outl.h"
 
 #define SENTINEL 12345.0f
 #define MAX_TOKENS 7 /* 1..7 tokens: every mix of the 4- and 2-token passes and single ones */
@@ -276,6 +281,78 @@ static double definition(const pair *p, size_t r, const acts *a, size_t j, doubl
     return acc;
 }
 
+/* The int8c correction walk against its definition: for corrections at random flat indices of a
+ * rows x cols matrix (dense stretches, sparse ones, rows with none), the flat indices decoded here from
+ * the gaps; for a start row r0 and nr rows, every (row, token) dot plus its row's corrections in index
+ * order must come out of cb_outl_seek + cb_outl_apply (and cb_finish, for one row and token) with the
+ * same bits, and the walk must end at the first correction past the rows. */
+#define WALK_ROWS 40u
+#define WALK_COLS 12u
+#define WALK_MAX (WALK_ROWS * WALK_COLS)
+static int check_outl_walk(rng *r, size_t *cases)
+{
+    static uint16_t gap[WALK_MAX], val[WALK_MAX];
+    static uint32_t flat[WALK_MAX];
+    static float xs[3][WALK_COLS], got[3][CB_TILE_ROWS], want[3][CB_TILE_ROWS];
+    for (int round = 0; round < 24; round++) {
+        size_t n_out = 0;
+        uint32_t last = 0;
+        for (uint32_t i = 0; i < WALK_MAX; i++) { /* density by row band: none, 1 in 8, most */
+            uint32_t band = (i / WALK_COLS / 5 + (uint32_t)round) % 3, u = next(r) % 8;
+            if (band == 0 || (band == 1 && u != 0) || (band == 2 && u == 7))
+                continue;
+            gap[n_out] = (uint16_t)(n_out ? i - last : i);
+            val[n_out] = (uint16_t)(0x3c00u ^ (next(r) & 0x83ffu)); /* +-[1, 2) */
+            flat[n_out++] = i;
+            last = i;
+        }
+        cb_tensor t;
+        memset(&t, 0, sizeof t);
+        t.rows = WALK_ROWS;
+        t.cols = WALK_COLS;
+        t.n_outliers = (uint32_t)n_out;
+        t.ogap = gap;
+        t.oval = val;
+        for (size_t j = 0; j < 3; j++)
+            for (size_t c = 0; c < WALK_COLS; c++)
+                xs[j][c] = uniform(r);
+        const float *x[3] = {xs[0], xs[1], xs[2]};
+        for (size_t start = 0; start < WALK_ROWS; start += 1 + next(r) % 5) {
+            size_t nr = 1 + next(r) % CB_TILE_ROWS, n = 1 + next(r) % 3;
+            if (start + nr > WALK_ROWS)
+                nr = WALK_ROWS - start;
+            for (size_t j = 0; j < n; j++)
+                for (size_t i = 0; i < nr; i++)
+                    got[j][i] = want[j][i] = uniform(r);
+            size_t end_k = 0;
+            for (size_t k = 0; k < n_out; k++) { /* the definition: every correction, in order */
+                size_t row = flat[k] / WALK_COLS, col = flat[k] % WALK_COLS;
+                if (row < start + nr)
+                    end_k = k + 1;
+                if (row >= start && row < start + nr)
+                    for (size_t j = 0; j < n; j++)
+                        want[j][row - start] += cb_f16_to_f32(val[k]) * xs[j][col];
+            }
+            cb_outl o = cb_outl_seek(&t, (uint64_t)start * WALK_COLS);
+            if (nr == 1 && n == 1) {
+                static float y[WALK_ROWS];
+                o = cb_finish(&t, o, start, x[0], got[0][0], 1.0f, y, 0);
+                got[0][0] = y[start];
+            } else {
+                o = cb_outl_apply(&t, o, start, nr, n, x, &got[0][0], CB_TILE_ROWS);
+            }
+            if (o.k != end_k || (end_k < n_out && o.idx != flat[end_k]))
+                return fail("outlier walk end", start, WALK_COLS, nr, o.k, n, (double)o.k, (double)end_k);
+            for (size_t j = 0; j < n; j++)
+                for (size_t i = 0; i < nr; i++)
+                    if (memcmp(&got[j][i], &want[j][i], sizeof(float)) != 0)
+                        return fail("outlier walk", start, WALK_COLS, nr, start + i, j, got[j][i], want[j][i]);
+            ++*cases;
+        }
+    }
+    return 0;
+}
+
 int main(void)
 {
     static const size_t row_counts[] = {1, 5, 15, 16, 17, 31, 32, 48, 70};
@@ -283,7 +360,7 @@ int main(void)
     rng r = {0x9E3779B97F4A7C15ull};
     static acts a;
     size_t cases = 0, outputs = 0;
-    if (check_quantizer(&r))
+    if (check_quantizer(&r) || check_outl_walk(&r, &cases))
         return 1;
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
         for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)

@@ -1,7 +1,7 @@
 /*
- * kernels_q8_rvv.h - the integer matmul's tile kernel for RISC-V vectors (RVV
+ * arch/riscv/q8.h - the integer matmul's tile kernel for RISC-V vectors (RVV
  * 1.0 intrinsics, clang >= 17). Included by kernels_q8.c only; the interface
- * is the one of kernels_q8_x86.h.
+ * is the one of arch/x86/q8.h.
  *
  * The sixteen rows of a tile are sixteen lanes at every width: int8 at LMUL 1,
  * int16 at 2, int32 and f32 at 4, vl = 16 (VLEN >= 128, so it fits; wider
@@ -9,13 +9,13 @@
  * 1's, ...) comes apart in one segment load: field j holds column j of every
  * row, which multiplies by one activation as a scalar operand.
  */
-#ifndef CB_KERNELS_Q8_RVV_H
-#define CB_KERNELS_Q8_RVV_H
+#ifndef CB_ARCH_RISCV_Q8_H
+#define CB_ARCH_RISCV_Q8_H
+
+#if CB_ARCH == CB_ARCH_RISCV && defined(CB_HAS_Q8_TILES)
 
 #include <riscv_vector.h>
 
-#define CB_Q8_TILED 1
-#define CB_Q8_NAME "rvv"
 
 /* sixteen f32 row results, one lane per row */
 typedef vfloat32m4_t cb_tile_acc;
@@ -89,4 +89,5 @@ static void cb_tile_store(vfloat32m4_t v, float *out)
     __riscv_vse32_v_f32m4(out, v, CB_TILE_ROWS);
 }
 
-#endif /* CB_KERNELS_Q8_RVV_H */
+#endif
+#endif /* CB_ARCH_RISCV_Q8_H */

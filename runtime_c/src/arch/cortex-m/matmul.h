@@ -1,5 +1,5 @@
 /*
- * kernels_mve.h - the Cortex-M MVE (Helium, Armv8.1-M with the floating-point
+ * arch/cortex-m/matmul.h - the Cortex-M MVE (Helium, Armv8.1-M with the floating-point
  * extension: the Cortex-M55 of target cortex-m55) vector primitives kernels.c
  * builds its row dots from: 4 float lanes. Included by kernels.c only.
  *
@@ -10,12 +10,13 @@
  * FPSCR value (flush-to-zero, default NaN), so, as on ARMv7 NEON, a product
  * below 2^-126 may differ from the scalar (FPU) path; the tolerance covers it.
  */
-#ifndef CB_KERNELS_MVE_H
-#define CB_KERNELS_MVE_H
+#ifndef CB_ARCH_CORTEX_M_MATMUL_H
+#define CB_ARCH_CORTEX_M_MATMUL_H
+
+#if CB_ARCH == CB_ARCH_CORTEX_M && defined(CB_HAS_MATMUL)
 
 #include <arm_mve.h>
 
-#define CB_SIMD_NAME "mve"
 #define CB_VCHAINS 1 /* 4 accumulators, x and a weight vector fit in Q0-Q7; 8 accumulators spilled every step */
 typedef float32x4_t cb_vf;
 
@@ -48,4 +49,5 @@ static inline float cb_vsum(cb_vf v, size_t vl)
     return vgetq_lane_f32(pairs, 0) + vgetq_lane_f32(pairs, 2);
 }
 
-#endif /* CB_KERNELS_MVE_H */
+#endif
+#endif /* CB_ARCH_CORTEX_M_MATMUL_H */

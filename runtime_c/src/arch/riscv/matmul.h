@@ -1,14 +1,15 @@
 /*
- * kernels_rvv.h - the RISC-V vector (RVV 1.0) primitives kernels.c builds its
- * row dots from: LMUL=2 groups of f32, VLMAX lanes (8 at VLEN=128), through
+ * arch/riscv/matmul.h - the RISC-V vector (RVV 1.0) primitives kernels.c
+ * builds its row dots from: LMUL=2 groups of f32, VLMAX lanes (8 at VLEN=128), through
  * the <riscv_vector.h> intrinsics (clang >= 17). Included by kernels.c only.
  */
-#ifndef CB_KERNELS_RVV_H
-#define CB_KERNELS_RVV_H
+#ifndef CB_ARCH_RISCV_MATMUL_H
+#define CB_ARCH_RISCV_MATMUL_H
+
+#if CB_ARCH == CB_ARCH_RISCV && defined(CB_HAS_MATMUL)
 
 #include <riscv_vector.h>
 
-#define CB_SIMD_NAME "rvv"
 typedef vfloat32m2_t cb_vf;
 
 static inline size_t cb_vlen(void) { return __riscv_vsetvlmax_e32m2(); }
@@ -43,4 +44,5 @@ static inline float cb_vsum(cb_vf v, size_t vl)
     return __riscv_vfmv_f_s_f32m1_f32(__riscv_vfredusum_vs_f32m2_f32m1(v, __riscv_vfmv_s_f_f32m1(0.0f, 1), vl));
 }
 
-#endif /* CB_KERNELS_RVV_H */
+#endif
+#endif /* CB_ARCH_RISCV_MATMUL_H */

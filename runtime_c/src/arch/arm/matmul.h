@@ -1,17 +1,19 @@
 /*
- * kernels_neon.h - the Arm Advanced SIMD (NEON) vector primitives kernels.c
- * builds its row dots from: 4 float lanes, AArch64 (rpi4, rpi5) or ARMv7
- * with VFPv4/ARMv8 FP (rpi-armv7). Included by kernels.c only.
+ * arch/arm/matmul.h - the Arm Advanced SIMD (NEON) vector primitives
+ * kernels.c builds its row dots from: 4 float lanes, AArch64 (rpi4, rpi5) or
+ * ARMv7 with VFPv4/ARMv8 FP (rpi-armv7). Included by kernels.c and q8.h.
  *
  * ARMv7 NEON flushes subnormals to zero, so there a product below 2^-126
  * may differ from the scalar (VFP) path; the tolerance covers it.
  */
-#ifndef CB_KERNELS_NEON_H
-#define CB_KERNELS_NEON_H
+#ifndef CB_ARCH_ARM_MATMUL_H
+#define CB_ARCH_ARM_MATMUL_H
+
+#if CB_ARCH == CB_ARCH_ARM && defined(CB_HAS_MATMUL)
 
 #include <arm_neon.h>
+#include <string.h>
 
-#define CB_SIMD_NAME "neon"
 typedef float32x4_t cb_vf;
 
 static inline size_t cb_vlen(void) { return 4; }
@@ -21,7 +23,7 @@ static inline cb_vf cb_vld_f32(const float *p, size_t vl) { (void)vl; return vld
 static inline cb_vf cb_vld_f16(const uint16_t *p, size_t vl)
 {
     (void)vl;
-#if defined(__aarch64__)
+#if defined(CB_ARM_A64)
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 #else
     /* No f16 vector type without -mfp16-format: rebuild the f32 bits in integers,
@@ -52,7 +54,7 @@ static inline cb_vf cb_vld_i8(const int8_t *p, size_t vl)
 static inline cb_vf cb_vfma(cb_vf acc, cb_vf a, cb_vf b, size_t vl)
 {
     (void)vl;
-#if defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+#if defined(CB_ARM_FMA)
     return vfmaq_f32(acc, a, b);
 #else
     return vmlaq_f32(acc, a, b);
@@ -62,7 +64,7 @@ static inline cb_vf cb_vadd(cb_vf a, cb_vf b, size_t vl) { (void)vl; return vadd
 static inline float cb_vsum(cb_vf v, size_t vl)
 {
     (void)vl;
-#if defined(__aarch64__)
+#if defined(CB_ARM_A64)
     return vaddvq_f32(v);
 #else
     float32x2_t s = vadd_f32(vget_low_f32(v), vget_high_f32(v));
@@ -70,4 +72,5 @@ static inline float cb_vsum(cb_vf v, size_t vl)
 #endif
 }
 
-#endif /* CB_KERNELS_NEON_H */
+#endif
+#endif /* CB_ARCH_ARM_MATMUL_H */

@@ -1,19 +1,63 @@
 /*
- * kernels_q8_x86.h - the integer matmul's tile kernel for x86: VPDPBUSD on
- * AVX-512 VNNI, PMADDUBSW on AVX2. Included by kernels_q8.c only.
+ * arch/x86/q8.h - the integer matmul's tile kernel for x86: VPDPBUSD on
+ * AVX-512 VNNI, PMADDUBSW on AVX2; and one block of cb_quantize_q8 on AVX2.
+ * Included by kernels_q8.c only.
  *
- * A tiled ISA path defines CB_Q8_TILED, a type cb_tile_acc for sixteen f32
+ * A tile kernel (CB_HAS_Q8_TILES in arch/select.h) defines a type cb_tile_acc for sixteen f32
  * row results, cb_tile_dot(t, tile, xq) - every block of one tile for one
  * token, with the float steps per lane in block order exactly as the scalar
- * kernel - and cb_tile_store(acc, out[16]).
+ * kernel - and cb_tile_store(acc, out[16]); with CB_HAS_Q8_QUAD also
+ * cb_tile_dot4(t, tile, xq[4], out[4][16]), four tokens in one pass.
  */
-#ifndef CB_KERNELS_Q8_X86_H
-#define CB_KERNELS_Q8_X86_H
+#ifndef CB_ARCH_X86_Q8_H
+#define CB_ARCH_X86_Q8_H
+
+#if CB_ARCH == CB_ARCH_X86
 
 #include <immintrin.h>
 #include <string.h>
 
-#define CB_Q8_TILED 1
+#if defined(CB_HAS_Q8_QUANT)
+/* One whole block of cb_quantize_q8, eight lanes at a time, the same operations: MAXPS returns its second
+ * operand when the first is NaN, so a NaN is skipped as the scalar comparison skips it. */
+static inline void cb_quantize_block_isa(const float *x, int8_t *q, float *d, int32_t *s)
+{
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(_mm256_and_ps(v[i], mag), m);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float amax = _mm_cvtss_f32(h);
+    if (!(amax >= 0x1p-100f))
+        amax = 0.0f;
+    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f), zero = _mm256_setzero_ps();
+    __m256i w[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256 f = _mm256_mul_ps(v[i], id);
+        f = _mm256_add_ps(f, _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f),
+                                               _mm256_cmp_ps(f, zero, _CMP_GE_OQ)));
+        __m256 ok = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-128.0f), _CMP_GT_OQ),
+                                  _mm256_cmp_ps(f, _mm256_set1_ps(128.0f), _CMP_LT_OQ));
+        __m256i t = _mm256_and_si256(_mm256_cvttps_epi32(f), _mm256_castps_si256(ok));
+        t = _mm256_min_epi32(_mm256_max_epi32(t, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+        sum = _mm256_add_epi32(sum, t);
+        w[i] = t;
+    }
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
+    _mm256_storeu_si256((__m256i *)(void *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *d = amax / 127.0f;
+    *s = _mm_cvtsi128_si32(s4);
+}
+#endif
+
+#if defined(CB_HAS_Q8_TILES)
 #ifndef CB_Q8_PREFETCH
 #define CB_Q8_PREFETCH 4096 /* bytes ahead of the weights being read: +15-25% decode, measured 1-8 KiB */
 #endif
@@ -40,8 +84,7 @@ static inline int32_t cb_ld4(const int8_t *p)
     return v;
 }
 
-#if defined(CB_Q8_AVX512)
-#define CB_Q8_NAME "avx512vnni"
+#if defined(CB_X86_VNNI)
 /* One 4-column chunk k of a block into the accumulator a: VPDPBUSD multiplies unsigned by signed bytes,
  * so the weights go in as w + 128 (XOR 0x80) and 128 * s[b] comes off again after the block. */
 #define CB_VNNI_CHUNK(a, k)                                                                             \
@@ -109,7 +152,6 @@ static void cb_tile_store(cb_tile_acc v, float *out) { _mm512_storeu_ps(out, v);
                                                          _mm512_set1_ps((xj)->d[bk])),                   \
                                            sc))
 
-#define CB_Q8_TILE_QUAD 1
 static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float (*out)[CB_TILE_ROWS])
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
@@ -146,7 +188,6 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
 }
 
 #else
-#define CB_Q8_NAME "avx2"
 /* One 4-column chunk k into a (rows 0-7) and c (rows 8-15). PMADDUBSW takes |w| unsigned (ABS of -128
  * is 0x80, 128 as unsigned) and q with w's sign (|q| <= 127, so SIGN never overflows), so no pair of
  * products (at most 128 * 127 each) can saturate its int16 sum, whatever byte a weight holds. */
@@ -228,7 +269,6 @@ static void cb_tile_store(cb_tile_acc v, float *out)
 #define CB_AVX2_FINISH(acc, a, xj)                                                                       \
     acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps((xj)->d[bk])), sc))
 
-#define CB_Q8_TILE_QUAD 1
 static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float (*out)[CB_TILE_ROWS])
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
@@ -267,5 +307,7 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
     }
 }
 #endif
+#endif /* CB_HAS_Q8_TILES */
 
-#endif /* CB_KERNELS_Q8_X86_H */
+#endif
+#endif /* CB_ARCH_X86_Q8_H */

@@ -1,18 +1,19 @@
 /*
- * kernels_x86.h - the x86 vector primitives kernels.c builds its row dots
- * from: AVX-512F (16 lanes) when the compiler targets it, else AVX2 + FMA +
- * F16C (8 lanes, x86-64-v3). Included by kernels.c only.
+ * arch/x86/matmul.h - the x86 vector primitives kernels.c builds its row
+ * dots from: AVX-512F (16 lanes) when the compiler targets it, else AVX2 +
+ * FMA + F16C (8 lanes, x86-64-v3). Included by kernels.c only.
  *
  * Each primitive takes the vector length vl so the RVV header can share the
  * signatures; here it is the constant lane count and ignored.
  */
-#ifndef CB_KERNELS_X86_H
-#define CB_KERNELS_X86_H
+#ifndef CB_ARCH_X86_MATMUL_H
+#define CB_ARCH_X86_MATMUL_H
+
+#if CB_ARCH == CB_ARCH_X86 && defined(CB_HAS_MATMUL)
 
 #include <immintrin.h>
 
-#if defined(__AVX512F__)
-#define CB_SIMD_NAME "avx512"
+#if defined(CB_X86_AVX512)
 typedef __m512 cb_vf;
 
 static inline size_t cb_vlen(void) { return 16; }
@@ -32,8 +33,7 @@ static inline cb_vf cb_vfma(cb_vf acc, cb_vf a, cb_vf b, size_t vl) { (void)vl; 
 static inline cb_vf cb_vadd(cb_vf a, cb_vf b, size_t vl) { (void)vl; return _mm512_add_ps(a, b); }
 static inline float cb_vsum(cb_vf v, size_t vl) { (void)vl; return _mm512_reduce_add_ps(v); }
 
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define CB_SIMD_NAME "avx2"
+#else /* CB_X86_AVX2 */
 typedef __m256 cb_vf;
 
 static inline size_t cb_vlen(void) { return 8; }
@@ -61,4 +61,5 @@ static inline float cb_vsum(cb_vf v, size_t vl)
 }
 #endif
 
-#endif /* CB_KERNELS_X86_H */
+#endif
+#endif /* CB_ARCH_X86_MATMUL_H */

@@ -1,8 +1,8 @@
 /*
- * kernels_q8_neon.h - the integer matmul's tile kernel for Arm NEON: SDOT with
- * the dot product extension (rpi5), SMULL/SMLAL/SADALP without it (rpi4, and
- * 32-bit rpi-armv7). Included by kernels_q8.c only; the interface is the one
- * of kernels_q8_x86.h.
+ * arch/arm/q8.h - the integer matmul's tile kernel for Arm NEON: SMMLA with
+ * the Armv8.6 int8 matrix multiply extension, SDOT with the dot product one
+ * (rpi5), SMULL/SMLAL/SADALP without either (rpi4, and 32-bit rpi-armv7).
+ * Included by kernels_q8.c only; the interface is the one of arch/x86/q8.h.
  *
  * A tile's rows r..r+3 of one 4-column chunk are 16 consecutive bytes (four
  * bytes per row), so one 16-byte load and one 4-byte broadcast of the
@@ -12,15 +12,16 @@
  * scalar kernel's VFP arithmetic does not: there a block takes the NEON float
  * steps only where that cannot matter, else VFP ones (see cb_least_scale).
  */
-#ifndef CB_KERNELS_Q8_NEON_H
-#define CB_KERNELS_Q8_NEON_H
+#ifndef CB_ARCH_ARM_Q8_H
+#define CB_ARCH_ARM_Q8_H
+
+#if CB_ARCH == CB_ARCH_ARM && defined(CB_HAS_Q8_TILES)
 
 #include <arm_neon.h>
 #include <string.h>
 
-#include "kernels_neon.h"
+#include "matmul.h"
 
-#define CB_Q8_TILED 1
 
 /* sixteen f32 row results (or scales): rows 4i..4i+3 in v[i] */
 typedef struct cb_tile_acc {
@@ -32,7 +33,7 @@ typedef struct cb_tile_acc {
  * conversion, which gives a normal f32, so the flush to zero cannot touch it). */
 static inline float32x4_t cb_ld_f16x4(const uint16_t *p)
 {
-    return cb_vld_f16(p, 4); /* kernels_neon.h's: the hardware conversion, or the integer rebuild on armv7 */
+    return cb_vld_f16(p, 4); /* matmul.h's: the hardware conversion, or the integer rebuild on armv7 */
 }
 
 /* four scales from index i, f16 or f32 */
@@ -51,14 +52,32 @@ static cb_tile_acc cb_tile_scales(const cb_tensor *t, size_t tile, size_t g)
     return sc;
 }
 
-#if defined(__ARM_FEATURE_DOTPROD)
-#define CB_Q8_NAME "neon-dotprod"
+#if defined(CB_ARM_I8MM)
+/* The block sums of rows 4i..4i+3 (one int32 lane per row): w at block b of the tile plus 16 i. SMMLA
+ * multiplies a 2x8 int8 matrix by the transpose of another into a 2x2 int32 one: zipping the 32-bit
+ * lanes of two consecutive chunks gives rows 4i, 4i+1 (and 4i+2, 4i+3) with 8 columns each, and the
+ * second matrix is the block's 8 activations twice, so lanes 0 and 2 of each result hold the two rows'
+ * sums (1 and 3 the same again). */
+static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
+{
+    int32x4_t a01 = vdupq_n_s32(0), a23 = a01;
+    for (size_t k = 0; k < CB_ACT_BLOCK / 8; k++, w += 128, q += 8) {
+        int32x4_t c0 = vreinterpretq_s32_s8(vld1q_s8(w)), c1 = vreinterpretq_s32_s8(vld1q_s8(w + 64));
+        int8x8_t x = vld1_s8(q);
+        int8x16_t xx = vcombine_s8(x, x);
+        a01 = vmmlaq_s32(a01, vreinterpretq_s8_s32(vzip1q_s32(c0, c1)), xx);
+        a23 = vmmlaq_s32(a23, vreinterpretq_s8_s32(vzip2q_s32(c0, c1)), xx);
+    }
+    return vuzp1q_s32(a01, a23);
+}
+
+#elif defined(CB_ARM_DOTPROD)
 /* The int32 sums of four rows over four chunks: w at the rows' 16 bytes of the first chunk, lane k of
  * x (as int32) the activations of chunk k. */
 static inline int32x4_t cb_quad_dot4(const int8_t *w, int8x16_t x)
 {
     int32x4_t a = vdupq_n_s32(0);
-#if defined(__aarch64__)
+#if defined(CB_ARM_A64)
     a = vdotq_laneq_s32(a, vld1q_s8(w), x, 0);
     a = vdotq_laneq_s32(a, vld1q_s8(w + 64), x, 1);
     a = vdotq_laneq_s32(a, vld1q_s8(w + 128), x, 2);
@@ -79,7 +98,6 @@ static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
 }
 
 #else
-#define CB_Q8_NAME "neon"
 /* the four activations of a chunk in every 32-bit lane */
 static inline int8x16_t cb_dup4(const int8_t *q)
 {
@@ -103,7 +121,7 @@ static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
         lo = vpadalq_s16(lo, l);
         hi = vpadalq_s16(hi, h);
     }
-#if defined(__aarch64__)
+#if defined(CB_ARM_A64)
     return vpaddq_s32(lo, hi);
 #else
     return vcombine_s32(vpadd_s32(vget_low_s32(lo), vget_high_s32(lo)), vpadd_s32(vget_low_s32(hi), vget_high_s32(hi)));
@@ -111,7 +129,7 @@ static inline int32x4_t cb_quad_isum(const int8_t *w, const int8_t *q)
 }
 #endif
 
-#if !defined(__aarch64__)
+#if !defined(CB_ARM_A64)
 /*
  * ARMv7 NEON flushes subnormals (the scalar kernel's VFP does not), so a block takes the NEON float
  * steps only where they cannot meet one. Every f = isum * d * scale that is not zero is at least
@@ -191,14 +209,14 @@ static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
     const float32x4_t zero = vdupq_n_f32(0.0f);
     cb_tile_acc acc = {{zero, zero, zero, zero}}, sc = acc;
-#if !defined(__aarch64__)
+#if !defined(CB_ARM_A64)
     float least = 0.0f;
     int exact = 1;
 #endif
     for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK * CB_TILE_ROWS) {
         if (b % per_group == 0) {
             sc = cb_tile_scales(t, tile, b / per_group);
-#if !defined(__aarch64__)
+#if !defined(CB_ARM_A64)
             least = cb_least_scale(sc);
 #endif
         }
@@ -206,7 +224,7 @@ static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
         int32x4_t isum[4] = {cb_quad_isum(w, q), cb_quad_isum(w + 16, q), cb_quad_isum(w + 32, q),
                              cb_quad_isum(w + 48, q)};
         float d = xq->d[b];
-#if !defined(__aarch64__)
+#if !defined(CB_ARM_A64)
         if (!(exact && least > 0.0f && (d == 0.0f || (d >= 0x1p-126f && d * least >= 0x1p-103f)))) {
             acc = cb_steps_vfp(acc, isum, d, sc);
             exact = cb_neon_exact(acc);
@@ -228,4 +246,5 @@ static void cb_tile_store(cb_tile_acc v, float *out)
         vst1q_f32(out + 4 * k, v.v[k]);
 }
 
-#endif /* CB_KERNELS_Q8_NEON_H */
+#endif
+#endif /* CB_ARCH_ARM_Q8_H */
