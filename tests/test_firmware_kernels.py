@@ -10,10 +10,11 @@ code (firmware_examples/common without main.c, plus the family's startup files).
 toolchain/firmware.py - the linker script from firmware_examples/firmware.ld.j2 for the target's
 QEMU memory map, the link command and the stack bound of a model image - and booted the way
 `colibri run` boots firmware (firmware.qemu_argv: -icount, semihosting). It must name the ISA path
-the target's flags select and exit 0 after its cases:
-  - kernels_q8_test: MVE on cortex-m55, the DSP extension on stm32h7, scalar on rv32imac; > 200 cases
-    (ISA path against the scalar kernel bit for bit, both layouts, the definition);
-  - kernels_test: MVE on cortex-m55, scalar on stm32h7 (the M7 has no float SIMD) and rv32imac;
+the target's flags select (its file's `kernels`: targets/SCHEMA.md) and exit 0 after its cases:
+  - kernels_q8_test (kernels.int8: e.g. MVE on cortex-m55, the DSP extension on stm32h7 and cortex-m4,
+    scalar on rv32imac); > 200 cases (ISA path against the scalar kernel bit for bit, both layouts, the
+    definition);
+  - kernels_test (kernels.float: MVE on cortex-m55, scalar where the part has no float SIMD);
     > 6000 cases (every weight kind, sizes that are and are not multiples of the vector width:
     within the tolerance of the scalar kernel, bit-equal for one-hot x, cb_matmul over several
     tokens and a split row range bit-equal to cb_matvec per token); where the path is scalar both

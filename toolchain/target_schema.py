@@ -98,7 +98,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("stack_bytes", "integer", "stack reserved by the linker script; the link fails when the computed "
         "bound exceeds it", "toolchain/firmware.py", required=(IMAGE,)),
     Key("qemu_clock_hz", "integer", "the QEMU machine's SysTick clock: with -icount, ticks become "
-        "instructions", "toolchain/firmware.py", default=0),
+        "instructions (0: not given; the image then reports SysTick cycles)", "toolchain/firmware.py", default=0),
     Key("memory", "tables", "the part's memory map; budgets and the size audit use it",
         "toolchain/firmware.py", required=("firmware",), default=(), keys=_region_keys(True)),
     Key("placement", "table", "the region of each output section", "toolchain/firmware.py",
@@ -219,12 +219,12 @@ def _default(key: Key) -> str:
         return "`true`" if key.default else "`false`"
     if key.default in ((), {}, None):
         return "`[]`" if key.type in ("strings", "tables") else "none" if key.default is None else "`{}`"
-    return f"`{key.default!r}`" if isinstance(key.default, str) else f"`{key.default}`"
+    return f'`"{key.default}"`' if isinstance(key.default, str) else f"`{key.default}`"
 
 
 def _doc(key: Key) -> str:
     choices = f" One of {', '.join(f'`{c}`' for c in key.choices)}." if key.choices else ""
-    return key.doc[0].upper() + key.doc[1:] + "." + choices
+    return key.doc + "." + choices
 
 
 def render_markdown() -> str:
