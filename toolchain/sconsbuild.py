@@ -1,6 +1,6 @@
 """The build graph behind SConstruct: export once, compile for many targets.
 
-Generated sources go to build/gen/<model>/<quant>[-rows]/, everything a target
+Generated sources go to build/gen/<model>/<quant>[-rows][-pbN]/ (gen_dir), everything a target
 builds to build/<target>/<model>/ (build/<target>-<sanitizers>/<model>/ with
 SANITIZE). SConstruct only calls build_all(); the rules live here.
 """
