@@ -20,7 +20,7 @@ from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
-from .plan import MAX_PREFILL_BLOCK, MCU_PREFILL_BLOCK, plan_arena
+from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
@@ -58,6 +58,7 @@ class ExportOptions:
     workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
+    max_prefill_block: int = MAX_PREFILL_BLOCK  # the largest block the target's runtime takes (its TOML's)
 
 
 @dataclass
@@ -65,12 +66,6 @@ class ExportResult:
     name: str
     out_dir: Path
     manifest: dict
-
-
-def block_limit(layout: str) -> int:
-    """The largest prefill block the runtime of the layout's targets takes: microcontrollers (row layout)
-    keep the runtime's row-pointer arrays, and so their stack, at 32 tokens."""
-    return MCU_PREFILL_BLOCK if layout == "rows" else MAX_PREFILL_BLOCK
 
 
 def default_max_seq(spec: ModelSpec) -> int:
@@ -104,9 +99,11 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= 1 << 20:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
-    max_block = block_limit(opts.layout)
+    max_block = opts.max_prefill_block
+    if not 1 <= max_block <= MAX_PREFILL_BLOCK:
+        raise ExportError(ckpt_dir, f"largest prefill block {max_block} outside [1, {MAX_PREFILL_BLOCK}]")
     if not 0 <= opts.prefill_block <= max_block:
-        why = "" if max_block == MAX_PREFILL_BLOCK else " (row layout: a microcontroller's runtime takes 32)"
+        why = "" if max_block == MAX_PREFILL_BLOCK else f" (the target's runtime takes {max_block})"
         raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {max_block}]{why}")
     demo = _demo_defaults(ckpt_dir)
     prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
@@ -181,7 +178,7 @@ def export(
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
-    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=block_limit(opts.layout))
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block)
     names = canonical_names(spec)
     order = names[:1] + ["rope_freq"] + names[1:]
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS

@@ -17,10 +17,9 @@ ALIGN = 64
 F32 = 4
 # Tokens one prefill block holds: a prompt runs through the layers this many tokens at a time, each
 # expert's weights read once per block. Recorded in the blob header (FORMAT.md); the runtime
-# accepts 1..MAX_PREFILL_BLOCK (its CB_MAX_BLOCK), a microcontroller build 1..MCU_PREFILL_BLOCK.
+# accepts 1..its CB_MAX_BLOCK: MAX_PREFILL_BLOCK, or less where the target declares less (max_prefill_block).
 PREFILL_BLOCK = 128
 MAX_PREFILL_BLOCK = 128
-MCU_PREFILL_BLOCK = 32
 UNBLOCKED = ("key_cache", "value_cache", "scores")  # buffers that do not grow with the block
 
 # (name, first step, last step) in FORMAT.md order; steps are those of one layer, taken by all the

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .targets import ROOT, TargetError, all_targets, load_target
+from .targets import ROOT, TargetError, layout_max_prefill_block, load_target, scan_targets
 
 
 def _tokens(text: str) -> list[int]:
@@ -38,6 +38,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
         prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
+        max_prefill_block=layout_max_prefill_block(a.layout),
     )
     res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
@@ -94,12 +95,26 @@ def cmd_run(a: argparse.Namespace) -> int:
     return subprocess.call(argv + args)
 
 
-def cmd_targets(a: argparse.Namespace) -> int:  # noqa: ARG001
-    for t in all_targets():
+def cmd_targets(a: argparse.Namespace) -> int:
+    """Every target and whether its tools are installed; a broken file is listed as such, the others
+    still are. With --check, also each target's memory maps and tools (toolchain/target_check.py).
+    Exit status 2 when a file is broken (or, with --check, a target has a problem)."""
+    problems: list[str] = []
+    for name, t in scan_targets():
+        if isinstance(t, TargetError):
+            print(f"{name:<12} {'broken':<9} {t}")
+            problems.append(str(t))
+            continue
         missing = t.missing(run=True)
         state = "ready" if not missing else f"missing {', '.join(missing)}: {t.install_hint()}"
         print(f"{t.name:<12} {t.kind:<9} {t.description}  [{state}]")
-    return 0
+        if a.check:
+            from .target_check import check_target
+
+            problems += check_target(t)
+    for p in problems:
+        print(f"colibri: {p}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -126,8 +141,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
-                   help="tokens a prefill pushes through the layers at once, 1..128, 1..32 with --layout rows (more "
-                        "arena, faster prefill; "
+                   help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
+                        "max_prefill_block of the targets with the --layout (rows: 32) (more arena, faster prefill; "
                         "0: as many as keep those buffers within the KV cache's size)")
     e.add_argument("--float-activations", action="store_true",
                    help="int8/int8c matrices take float activations (slower; the rounding of int8 activations "
@@ -165,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_inspect)
 
     t = sub.add_parser("targets", help="list targets and whether their tools are installed")
+    t.add_argument("--check", action="store_true",
+                   help="also check each target's memory maps and that its compiler and runner exist (exit 2 if not)")
     t.set_defaults(fn=cmd_targets)
     from .size.command import register as register_size
     register_size(sub)

@@ -127,31 +127,32 @@ def _variant(name: str, regions: tuple[MemoryRegion, ...], place: dict, path: st
 def firmware_spec(t: Target) -> Firmware:
     """The firmware view of a target: its memory maps, placement, budgets; TargetError if malformed."""
     path = f"targets/{t.name}.toml"
-    x = t.extra
-    family = x.get("family")
+    if t.missing_for_image():
+        raise TargetError(f"{path}: missing key {t.missing_for_image()[0]!r} (needed to build a firmware image)")
+    family = t.family
     if family not in FAMILIES:
         raise TargetError(f"{path}: family must be one of {', '.join(FAMILIES)}, not {family!r}")
-    part_regions = _regions(x.get("memory"), path, "[[memory]]")
-    place = x.get("placement") or {}
+    part_regions = _regions(list(t.memory), path, "[[memory]]")
+    place = dict(t.placement)
     part = _variant("part", part_regions, place, path)
     qemu = None
-    if "qemu_memory" in x:
+    if t.qemu_memory:
         kinds = {r.name: r.kind for r in part_regions}
-        q_regions = _regions(x["qemu_memory"], path, "qemu_memory", kinds)
-        q_place = {**place, **(x.get("qemu_placement") or {})}
+        q_regions = _regions(list(t.qemu_memory), path, "qemu_memory", kinds)
+        q_place = {**place, **t.qemu_placement}
         qemu = _variant("qemu", q_regions, q_place, path)
         if set(qemu.regions) == set(part_regions) and q_place == place:
             qemu = None  # QEMU boots the part's own image
-    budget = x.get("budget") or {}
+    budget = t.budget
     if "flash" not in budget or "ram" not in budget:
         raise TargetError(f"{path}: [budget] needs flash and ram (bytes)")
     insn_per_tick = None
-    if family == "cortex-m" and "qemu_clock_hz" in x:
+    if family == "cortex-m" and t.qemu_clock_hz:
         shift = _icount_shift(t.runner)
         if shift is not None:
-            insn_per_tick = Fraction(10**9, _int(x["qemu_clock_hz"], "qemu_clock_hz", path) * 2**shift)
+            insn_per_tick = Fraction(10**9, _int(t.qemu_clock_hz, "qemu_clock_hz", path) * 2**shift)
     return Firmware(t, family, part, qemu, _int(budget["flash"], "budget.flash", path),
-                    _int(budget["ram"], "budget.ram", path), _int(x.get("stack_bytes"), "stack_bytes", path),
+                    _int(budget["ram"], "budget.ram", path), _int(t.stack_bytes, "stack_bytes", path),
                     insn_per_tick)
 
 

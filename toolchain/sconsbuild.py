@@ -1,6 +1,6 @@
 """The build graph behind SConstruct: export once, compile for many targets.
 
-Generated sources go to build/gen/<model>/<quant>[-rows]/, everything a target
+Generated sources go to build/gen/<model>/<quant>[-rows][-pbN]/ (gen_dir), everything a target
 builds to build/<target>/<model>/ (build/<target>-<sanitizers>/<model>/ with
 SANITIZE). SConstruct only calls build_all(); the rules live here.
 """
@@ -85,9 +85,14 @@ def _activations(arg: str) -> bool:
     return arg == "int8"
 
 
-def gen_dir(quant: str, layout: str) -> str:
-    """build/gen/<model>/<this>: the quantization, and the layout when it is not the Linux one."""
-    return quant if layout == "tiled16" else f"{quant}-{layout}"
+def gen_dir(quant: str, layout: str, max_block: int) -> str:
+    """build/gen/<model>/<this>: the quantization, then the layout and the largest prefill block the
+    target's runtime takes, each where it is not the default one (tiled16, 128)."""
+    from colibri.codegen.layout import DEFAULT_LAYOUT
+    from colibri.codegen.plan import MAX_PREFILL_BLOCK
+
+    return quant + (f"-{layout}" if layout != DEFAULT_LAYOUT else "") + (
+        f"-pb{max_block}" if max_block != MAX_PREFILL_BLOCK else "")
 
 
 def _export(env, ckpt: Path, gen: Path, opts: dict):
@@ -258,26 +263,26 @@ def build_all(arguments: dict) -> None:
     base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
         base.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
-    gens: dict[str, dict] = {}  # one export per layout the targets' kernels want
+    gens: dict[tuple[str, int], dict] = {}  # one export per weight layout and prefill limit the targets declare
     outputs = []
     for t in _targets(target_arg):
-        if t.layout not in gens:
-            gens[t.layout] = _export(base, ckpt, build / "gen" / name / gen_dir(quant, t.layout),
-                                     {**opts, "layout": t.layout})
-        gen = gens[t.layout]
+        key = (t.weight_layout, t.max_prefill_block)
+        if key not in gens:
+            gens[key] = _export(base, ckpt, build / "gen" / name / gen_dir(quant, *key),
+                                {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block})
+        gen = gens[key]
         suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
         suffix += "-scalar" if kernels == "scalar" else ""
         out = build / f"{t.name}{suffix}" / name
         env = _target_env(base, t, sanitize)
         if kernels == "scalar":
             env.Append(CCFLAGS=["-DCOLIBRI_SCALAR"])
+        env.Append(CCFLAGS=t.cpp_defines())  # what the target declares: threads, largest prefill block
         if t.kind == "firmware":
             if sanitize:
                 _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
             from .firmware import firmware_outputs
 
-            # no threads on a microcontroller, and the stack bound must be static: no parallel hook
-            env.Append(CCFLAGS=["-DCOLIBRI_NO_PARALLEL"])
             outputs += firmware_outputs(env, t, name, gen, out)
             continue
         if t.kind != "linux":

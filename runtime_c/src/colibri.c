@@ -53,13 +53,12 @@
 #define CB_H_ROUTED_SCALE 208u
 #define CB_H_PREFILL_BLOCK 212u /* tokens per block of the arena plan; 0 (every older blob) means 1 */
 /* Tokens a prefill block may hold (FORMAT.md): 128, so each expert's weights are read once per 128 prompt
- * tokens; 32 on microcontrollers (no parallel hook), whose stack reservation is a few KiB and whose
- * arrays of row pointers grow with it. */
-#if defined(COLIBRI_NO_PARALLEL)
-#define CB_MAX_BLOCK 32u
-#else
-#define CB_MAX_BLOCK 128u
+ * tokens; 32 (or 128) as the target declares it (-DCOLIBRI_MAX_PREFILL_BLOCK from its max_prefill_block):
+ * a microcontroller's stack reservation is a few KiB and its arrays of row pointers grow with it. */
+#ifndef COLIBRI_MAX_PREFILL_BLOCK
+#define COLIBRI_MAX_PREFILL_BLOCK 128
 #endif
+#define CB_MAX_BLOCK (COLIBRI_MAX_PREFILL_BLOCK + 0u)
 #define CB_H_DENSE_MAP 216u /* 32 bytes: bit l % 8 of byte l / 8 set when layer l is a dense MLP */
 #define CB_DENSE_MAP_LAYERS 256u
 #define CB_MAX_TOP_K 16u
