@@ -163,7 +163,7 @@ def build_all(arguments: dict) -> None:
         if t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[t.layout], out)
         else:
-            outputs += env.ColibriLinux(t, name, gens[t.layout], out, static_exe=not sanitize)
+            outputs += env.ColibriLinux(t, key, gens[t.layout], out, static_exe=not sanitize)
         print(f"colibri: {t.name}: {shown(ckpt)} -> {shown(out)}")
     if not COMMAND_LINE_TARGETS:
         Default(outputs)

@@ -1,7 +1,8 @@
 """A Linux target's outputs of one model, in build/<target>/<key>/: libraries, programs, headers, pkg-config.
 
-`env.ColibriLinux(target, name, gen, out, static_exe)`: `name` is the model's C-safe name in this build
-directory (libcolibri_<name>.a/.so, colibri_<name>.pc), `gen` the export's nodes by file name.
+`env.ColibriLinux(target, key, gen, out, static_exe)`: `key` names the model's outputs in this build
+directory (libcolibri_<key>.a/.so, colibri_<key>.pc; toolchain/scons/layout.py), `gen` the export's nodes
+by file name.
 """
 
 from __future__ import annotations
