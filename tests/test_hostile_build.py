@@ -100,6 +100,9 @@ def test_firmware_whose_map_is_its_qemu_map(hostile, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     out = output_dirs(res)["mps2own"]
     assert (out / "m_x-qemu.elf").is_file() and (out / "m_x.size.json").is_file()
+    # the twin is a QEMU image of the part's map, not a second part image with its own audit
+    assert not [p.name for p in out.glob("m_x-qemu.*") if p.suffix in (".bin", ".hex", ".json")]
+    assert "QEMU image: the part's own memory map" in (out / "m_x-qemu.ld").read_text()
     boot = subprocess.run([str(BIN / "colibri"), "run", "--target", "mps2own", str(out / "m_x.elf")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert boot.returncode == 0, boot.stdout + boot.stderr
