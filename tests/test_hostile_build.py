@@ -23,8 +23,9 @@ from colibri.codegen.inputs import export_inputs
 from conftest import BIN, ROOT, output_dirs, require_target, scons, synth
 
 TINY = dict(layers=1, hidden=32, ffn=32, heads=2, kv_heads=1, experts=2, top_k=1, vocab=32, seed=5)
-# Substitution (evaluated by SCons as Python), a variable, spaces, both quotes, shell command substitution.
-HOSTILE = '${__import__("os").system("touch PWNED")} $x `touch PWNED` "q" \'$(touch PWNED)\' a;b'
+# Substitution (evaluated by SCons as Python), a variable, spaces, both quotes, shell command substitution,
+# and a comma (-Wl,/-Wa, split there).
+HOSTILE = '${__import__("os").system("touch PWNED")} $x `touch PWNED` "q" \'$(touch PWNED)\' a;b,c'
 
 
 def _pwned(*roots: Path) -> list[Path]:

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 
 from colibri.toolchain.cli import runner_argv
+from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
 from colibri.toolchain.targets import all_targets, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-KERNELS = [ROOT / "runtime_c" / "src" / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
+KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
             "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c"}
-FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-O2", "-g"]
+FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = [t.name for t in all_targets() if t.kind == "linux"]
 # the ISA path each target's flags must select ("avx512" or "avx2" for host, by this CPU)
 EXPECT = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon", "rpi-armv7": "neon",

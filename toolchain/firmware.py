@@ -244,7 +244,7 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
         raise FirmwareError(f"needs {stack['bytes']} bytes of stack ({' > '.join(stack['path'])}) "
                             f"but targets/{cfg['target']}.toml reserves stack_bytes = {cfg['stack_bytes']}")
     argv = cfg["cc"] + cfg["linkflags"] + [
-        "-nostartfiles", "-T", str(ld), f"-Wl,-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
+        "-nostartfiles", "-T", str(ld), "-Xlinker", f"-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
         "-o", str(elf)] + [str(o) for o in objs] + ["-lm"]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:  # the linker's own region check comes first

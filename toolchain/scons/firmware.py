@@ -65,7 +65,7 @@ def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple
     runtime = [_compile(runtime_env, objs, Path(s).stem, file_node(fenv, RUNTIME_DIR / "src" / s))
                for s in RUNTIME_SRC]
     blob = _assemble(fenv, objs, "model_blob", gen["model_blob.S"],
-                     list(t.cflags) + [f"-Wa,-I{flag_path(gen['model.h'].dir)}"])
+                     list(t.cflags) + ["-Xassembler", f"-I{flag_path(gen['model.h'].dir)}"])
     fenv.Depends(blob, gen["model.bin"])
     model = runtime + [_compile(runtime_env, objs, "model", gen["model.c"]), blob]
     app = [_compile(fenv, objs, Path(s).stem, file_node(fenv, FW_DIR / s)) for s in COMMON_SRC]

@@ -69,9 +69,11 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
     generic_objs = [objs(gen_env, f"generic/{Path(s).stem}", src / s, shared=True) for s in RUNTIME_SRC]
     model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
                   objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
-                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{flag_path(inc)}"])]
+                       ASPPFLAGS=list(t.cflags) + ["-Xassembler", f"-I{flag_path(inc)}"])]
     env.Depends(model_objs[1], gen["model.bin"])
-    soflags = ["-shared", f"-Wl,--version-script={flag_path(file_node(env, RUNTIME_DIR / 'colibri.map'))}", *SOFLAGS]
+    # -Xlinker, -Xassembler: one argument each, where -Wl,/-Wa, would split a path at its commas
+    soflags = ["-shared", "-Xlinker", f"--version-script={flag_path(file_node(env, RUNTIME_DIR / 'colibri.map'))}",
+               *SOFLAGS]
     lib_a = spec_env.StaticLibrary(file_node(env, out / f"libcolibri_{name}.a"), spec_objs + model_objs)
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)

@@ -38,7 +38,7 @@ def dir_node(env, path: str | Path):
 
 
 def flag_path(node) -> str:
-    """A node's path for a flag (`-Wa,-I<dir>`), escaped. SCons spells it relative to the top directory
+    """A node's path for a flag (`-Xassembler -I<dir>`), escaped. SCons spells it relative to the top directory
     when inside it, as it spells its own node paths: the same build in another checkout has the same
     command lines, so CACHE=dir hits."""
     return escape(str(node))
