@@ -236,3 +236,11 @@ def test_broken_registry_is_one_line(tmp_path):
     res = scons(f"MODEL={ckpt}", "-n", build=build, check=False)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1 and "models.json" in lines[0], res.stderr
+
+
+def test_unusable_build_directory_is_one_line(tmp_path):
+    ckpt = synth(tmp_path / "m", **TINY)
+    (tmp_path / "file").write_text("")
+    res = scons(f"MODEL={ckpt}", "-n", build=tmp_path / "file" / "b", check=False)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "cannot build there" in lines[0], res.stderr

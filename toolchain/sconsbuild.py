@@ -124,8 +124,12 @@ def _build_dir(arguments: dict) -> Path:
     import SCons.SConsign  # type: ignore[import-not-found]
 
     build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
-    build.mkdir(parents=True, exist_ok=True)
-    hold_build_lock(build)
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        hold_build_lock(build)
+    except OSError as e:
+        _fail(f"{shown(build)}: cannot build there: {e.strerror or e}")
+        raise
     SCons.SConsign.File(str(build / ".sconsign"))
     return build
 
