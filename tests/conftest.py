@@ -58,13 +58,10 @@ def golden_ckpts(tmp_path_factory) -> dict[str, Path]:
 
 
 def output_dirs(res: subprocess.CompletedProcess) -> dict[str, Path]:
-    """{target: its output directory} from the lines a build prints (`colibri: <target>: <ckpt> -> <dir>`)."""
-    dirs = {}
-    for line in res.stdout.splitlines():
-        if line.startswith("colibri: ") and " -> " in line:
-            target, _, rest = line[len("colibri: "):].partition(": ")
-            dirs[target] = Path(rest.rpartition(" -> ")[2])
-    return dirs
+    """{target: its output directory} from the lines a build prints."""
+    from colibri.toolchain.scons.layout import output_dirs as parse
+
+    return parse(res.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,15 @@ from SCons.Script import (  # type: ignore[import-not-found]
 
 from .csources import FLOAT_CFLAGS, OPT_CFLAGS, RUNTIME_DIR, WARN_CFLAGS
 from .scons import compiledb, export, firmware, linux, safe
-from .scons.layout import LayoutError, export_defaults, gen_dir, model_name, option_suffix, target_dir
+from .scons.layout import (
+    OUTPUT_LINE,
+    LayoutError,
+    export_defaults,
+    gen_dir,
+    model_name,
+    option_suffix,
+    target_dir,
+)
 from .scons.lock import hold_build_lock
 from .scons.safe import dir_node, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
@@ -168,6 +176,6 @@ def build_all(arguments: dict) -> None:
             outputs += env.ColibriFirmware(t, name, key, gens[t.layout], out)
         else:
             outputs += env.ColibriLinux(t, key, gens[t.layout], out, static_exe=not sanitize)
-        print(f"colibri: {t.name}: {shown(ckpt)} -> {shown(out)}")
+        print(OUTPUT_LINE.format(target=t.name, ckpt=shown(ckpt), out=shown(out)))
     if not COMMAND_LINE_TARGETS:
         Default(outputs)

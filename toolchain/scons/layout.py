@@ -85,6 +85,19 @@ def gen_dir(quant: str, layout: str) -> str:
     return quant if layout == "tiled16" else f"{quant}-{layout}"
 
 
+OUTPUT_LINE = "colibri: {target}: {ckpt} -> {out}"  # printed per target by every build, null builds too
+
+
+def output_dirs(stdout: str) -> dict[str, Path]:
+    """{target: output directory} from a build's standard output (its OUTPUT_LINE per target)."""
+    dirs = {}
+    for line in stdout.splitlines():
+        if line.startswith("colibri: ") and " -> " in line:
+            target, _, rest = line[len("colibri: "):].partition(": ")
+            dirs[target] = Path(rest.rpartition(" -> ")[2])
+    return dirs
+
+
 def target_dir(target: str, sanitize: list[str], scalar: bool) -> str:
     """build/<this>/<key>: the target, its sanitizers, and -scalar for KERNELS=scalar."""
     return target + "".join(f"-{s}" for s in sanitize) + ("-scalar" if scalar else "")
