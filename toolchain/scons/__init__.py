@@ -3,6 +3,7 @@
 safe      paths as nodes, strings escaped for substitution, commands run without a shell
 layout    where a model's generated and built files go (build/gen/<key>/, build/<target>/<key>/)
 lock      one build at a time per build directory
+files     copy a file, write a generated text
 compiledb the objects a build compiles, recorded for compile_commands.json
 export    the codegen builder: a checkpoint to model.h/model.c/model_blob.S/model.bin/manifest.json
 linux     libraries, programs and pkg-config file of a Linux target

@@ -12,12 +12,8 @@ import shlex
 from pathlib import Path
 
 from ..targets import ROOT
+from .files import write_text
 from .safe import file_node
-
-
-def _write_value_action(target, source, env):  # noqa: ARG001 - SCons action signature
-    Path(str(target[0])).write_text(source[0].read())
-    return 0
 
 
 class Objects:
@@ -42,10 +38,7 @@ class Objects:
         return nodes
 
     def database(self, env, path: Path):
-        from SCons.Script import Action, Value  # type: ignore[import-not-found]
-
-        text = json.dumps(self.entries, indent=1, sort_keys=True) + "\n"
-        return env.Command(file_node(env, path), Value(text), Action(_write_value_action, "GEN    $TARGET"))
+        return write_text(env, path, json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
 
 
 def generate(env) -> None:

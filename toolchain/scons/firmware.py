@@ -23,8 +23,8 @@ from ..firmware import (
     render_linker_script,
 )
 from ..targets import Target, TargetError
-from .compiledb import Objects, _write_value_action
-from .linux import copy
+from .compiledb import Objects
+from .files import copy, write_text
 from .safe import dir_node, file_node, flag_path
 
 # One object plus its stack usage (.su) and call graph (.ci), built, cached and cleaned together.
@@ -88,8 +88,7 @@ def _link(fenv, fw: Firmware, name: str, variant, stem: str, objs: list, manifes
     """One image: its linker script, the link (checks and audit in toolchain/firmware.link_image)."""
     from SCons.Script import Action, Value  # type: ignore[import-not-found]
 
-    ld = fenv.Command(file_node(fenv, out / f"{stem}.ld"), Value(render_linker_script(fw, variant)),
-                      Action(_write_value_action, "GEN    $TARGET"))
+    ld = write_text(fenv, out / f"{stem}.ld", render_linker_script(fw, variant))
     exts = (".elf", ".map") + ((".bin", ".hex", ".size.json") if variant.name == "part" else ())
     cfg = json.dumps(link_config(fw, name, variant), sort_keys=True)
     lenv = fenv.Clone()

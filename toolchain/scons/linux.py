@@ -7,24 +7,19 @@ by file name.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ..csources import RUNTIME_DIR, RUNTIME_SRC, abi_major, package_version
 from ..size.command import post_link
 from ..targets import Target
+from .files import copy
 from .safe import file_node, flag_path
 
 DEMO_COMMON = "demo/demo_common.c"
 SOFLAGS = ["-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
 
 
-def _copy_action(target, source, env):  # noqa: ARG001 - SCons action signature
-    shutil.copyfile(str(source[0]), str(target[0]))
-    return 0
-
-
-def _symlink_action(target, source, env):  # noqa: ARG001
+def _symlink_action(target, source, env):  # noqa: ARG001 - SCons action signature
     dst = Path(str(target[0]))
     dst.unlink(missing_ok=True)
     dst.symlink_to(Path(str(source[0])).name)
@@ -40,12 +35,6 @@ def _pkgconfig_action(target, source, env):  # noqa: ARG001
         f"Libs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lcolibri_{name}\n"
     )
     return 0
-
-
-def copy(env, dst: Path, src) -> list:
-    from SCons.Script import Action  # type: ignore[import-not-found]
-
-    return env.Command(file_node(env, dst), src, Action(_copy_action, "COPY   $TARGET"))
 
 
 def _shared_lib(env, out: Path, lib: str, objs: list, soflags: list[str]) -> list:
