@@ -60,6 +60,7 @@ def test_hostile_paths_build_and_run(hostile):
     ckpt, base, outs, res = hostile
     assert not _pwned(base.parent), "a path was evaluated or ran through a shell"
     assert outs["host"] == base / "b" / "host" / "m_x"
+    assert len([p for p in (base / "cache $y").rglob("*") if p.is_file()]) > 10, "CACHE= is the directory named"
     tokens = _demo_tokens([str(outs["host"] / "colibri_demo")])
     run = [str(outs["host"] / "colibri_run"), str(outs["host"] / "model.bin"), "--tokens", "3,17,21", "--generate", "8"]
     assert _demo_tokens(run) == _demo_tokens([str(outs["host"] / "colibri_demo"), "--tokens", "3,17,21",
