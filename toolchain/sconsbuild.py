@@ -31,7 +31,7 @@ from .scons.layout import (
     target_dir,
 )
 from .scons.lock import hold_build_lock
-from .scons.safe import dir_node, shown
+from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
@@ -103,8 +103,8 @@ def _target_env(base, t: Target, sanitize: list[str], scalar: bool):
     # .su (and with GCC .ci call graph) files beside the objects give `colibri size` its stack bound
     stack = ["-fstack-usage"] + (["-fcallgraph-info=su"] if t.cc_argv[0].endswith("gcc") else [])
     env = base.Clone(
-        CC=t.cc, AR=t.tool("ar"), RANLIB=t.tool("ranlib"),
-        CCFLAGS=COMMON_CFLAGS + stack + list(t.cflags), LINKFLAGS=list(t.linkflags),
+        CC=escape(t.cc), AR=escape(t.tool("ar")), RANLIB=escape(t.tool("ranlib")),
+        CCFLAGS=COMMON_CFLAGS + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
         CPPPATH=[dir_node(base, RUNTIME_DIR / "include")], COLIBRI_TARGET=t.name,
     )
     if sanitize:

@@ -25,7 +25,7 @@ from ..firmware import (
 from ..targets import Target, TargetError
 from .compiledb import Objects
 from .files import copy, write_text
-from .safe import dir_node, file_node, flag_path
+from .safe import dir_node, escape_all, file_node, flag_path
 
 # One object plus its stack usage (.su) and call graph (.ci), built, cached and cleaned together.
 C_COM = "$CC -o ${TARGETS[0]} -c $CFLAGS $CCFLAGS $_CCCOMCOM $SOURCES"
@@ -55,7 +55,7 @@ def _envs(env, t: Target, gen: dict):
     cflags = [OPT_CFLAGS["firmware"] if f == OPT_CFLAGS["linux"] else f for f in env["CCFLAGS"]]
     fenv = env.Clone(CCFLAGS=cflags + ["-fstack-usage", "-fcallgraph-info=su"],
                      CPPPATH=env["CPPPATH"] + [gen["model.h"].dir, dir_node(env, FW_DIR / "common")],
-                     ASPPFLAGS=list(t.cflags))
+                     ASPPFLAGS=escape_all(t.cflags))
     return fenv, fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"])
 
 
@@ -65,7 +65,7 @@ def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple
     runtime = [_compile(runtime_env, objs, Path(s).stem, file_node(fenv, RUNTIME_DIR / "src" / s))
                for s in RUNTIME_SRC]
     blob = _assemble(fenv, objs, "model_blob", gen["model_blob.S"],
-                     list(t.cflags) + ["-Xassembler", f"-I{flag_path(gen['model.h'].dir)}"])
+                     escape_all(t.cflags) + ["-Xassembler", f"-I{flag_path(gen['model.h'].dir)}"])
     fenv.Depends(blob, gen["model.bin"])
     model = runtime + [_compile(runtime_env, objs, "model", gen["model.c"]), blob]
     app = [_compile(fenv, objs, Path(s).stem, file_node(fenv, FW_DIR / s)) for s in COMMON_SRC]
@@ -73,7 +73,7 @@ def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple
     for s in fam["sources"]:
         src = file_node(fenv, FW_DIR / s)
         # -g for an assembly source: a compile unit for the audit to attribute _start to
-        board[s] = (_assemble(fenv, objs, Path(s).stem, src, list(t.cflags) + ["-g"]) if s.endswith(".S")
+        board[s] = (_assemble(fenv, objs, Path(s).stem, src, escape_all(t.cflags) + ["-g"]) if s.endswith(".S")
                     else _compile(fenv, objs, Path(s).stem, src))
     qemu_board = dict(board)
     if fw.insn_per_tick is not None:  # Cortex-M under -icount: report SysTick ticks as instructions

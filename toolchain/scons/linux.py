@@ -13,7 +13,7 @@ from ..csources import RUNTIME_DIR, RUNTIME_SRC, abi_major, package_version
 from ..size.command import post_link
 from ..targets import Target
 from .files import copy
-from .safe import file_node, flag_path
+from .safe import escape_all, file_node, flag_path
 
 DEMO_COMMON = "demo/demo_common.c"
 SOFLAGS = ["-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
@@ -58,7 +58,7 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
     generic_objs = [objs(gen_env, f"generic/{Path(s).stem}", src / s, shared=True) for s in RUNTIME_SRC]
     model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
                   objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
-                       ASPPFLAGS=list(t.cflags) + ["-Xassembler", f"-I{flag_path(inc)}"])]
+                       ASPPFLAGS=escape_all(t.cflags) + ["-Xassembler", f"-I{flag_path(inc)}"])]
     env.Depends(model_objs[1], gen["model.bin"])
     # -Xlinker, -Xassembler: one argument each, where -Wl,/-Wa, would split a path at its commas
     soflags = ["-shared", "-Xlinker", f"--version-script={flag_path(file_node(env, RUNTIME_DIR / 'colibri.map'))}",

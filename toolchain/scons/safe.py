@@ -23,6 +23,11 @@ def escape(text: str) -> str:
     return str(text).replace("$", "$$")
 
 
+def escape_all(items) -> list[str]:
+    """Flags from a target file, each escaped: SCons passes them on as written (no shell follows)."""
+    return [escape(i) for i in items]
+
+
 def shown(path: str | Path) -> str:
     """A path as a line of output can always print it (a byte that is not UTF-8 as U+FFFD)."""
     return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
