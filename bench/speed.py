@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from colibri.toolchain.scons.layout import output_dirs
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SHAPES = {
@@ -134,12 +136,14 @@ def measure(demo: Path, prefill: int, decode: int, reps: int, threads: int) -> d
             for n, rs in runs.items()}
 
 
-def scons(build: Path, ckpt: Path, targets: list[str], quant: str, max_seq: int, *extra: str) -> None:
+def scons(build: Path, ckpt: Path, targets: list[str], quant: str, max_seq: int, *extra: str) -> dict[str, Path]:
+    """Build; {target: its output directory}."""
     argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={build}", f"MODEL={ckpt}",
             f"TARGET={','.join(targets)}", f"QUANT={quant}", f"MAX_SEQ={max_seq}", *extra]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return output_dirs(res.stdout)
 
 
 def callgrind_per_token(demo: Path, n: int = 4) -> float | None:
@@ -216,11 +220,10 @@ def main() -> int:
         build = work / "b"
         t0 = time.perf_counter()
         cross = qemu if shape == "30m" else []
-        scons(build, ckpt, targets + cross, a.quant, max_seq)
-        scons(build, ckpt, targets + cross, a.quant, max_seq, "KERNELS=scalar")
+        outs = {"simd": scons(build, ckpt, targets + cross, a.quant, max_seq),
+                "scalar": scons(build, ckpt, targets + cross, a.quant, max_seq, "KERNELS=scalar")}
         print(f"[{shape}] export + builds: {time.perf_counter() - t0:.1f} s", flush=True)
-        name = ckpt.name
-        wpt, blob_bytes = weight_bytes_per_token(build / targets[0] / name / "model.bin")
+        wpt, blob_bytes = weight_bytes_per_token(outs["simd"][targets[0]] / "model.bin")
         bw_blob = stream_gbs(work, blob_bytes)
         bw_dram = stream_gbs(work, 1 << 30)
         print(f"[{shape}] {json.dumps(kw)}\n[{shape}] blob {blob_bytes / 1e6:.1f} MB; weights read per decoded "
@@ -235,7 +238,7 @@ def main() -> int:
         for t in targets:
             res = {}
             for kern in ("simd", "scalar"):
-                out = build / (t if kern == "simd" else f"{t}-scalar") / name
+                out = outs[kern][t]
                 both = measure(out / "colibri_demo", a.prefill, a.decode, a.reps, a.threads)
                 res[kern] = both[1]
                 res[kern]["par"] = both[a.threads]
@@ -263,7 +266,7 @@ def main() -> int:
         for t in cross:
             secs = {}
             for kern in ("simd", "scalar"):  # 16 more decoded tokens: init (blob CRC) and prefill cancel out
-                demo = build / (t if kern == "simd" else f"{t}-scalar") / name / "colibri_demo"
+                demo = outs[kern][t] / "colibri_demo"
                 secs[kern] = statistics.median(qemu_seconds(t, demo, 17) - qemu_seconds(t, demo, 1)
                                                for _ in range(3))
             print(f"[{shape}] {t:<12} QEMU wall time of 16 decoded tokens: SIMD {secs['simd']:.2f} s, "
