@@ -1,0 +1,99 @@
+"""The blob schema (codegen/format.py) against its generated outputs and against the independent reader
+tests/blobread.py (written from FORMAT.md's prose, not from the schema)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from colibri.codegen import format as fmt
+from colibri.codegen import formatgen
+from colibri.codegen.export import ExportOptions, export
+from colibri.toolchain.size.weights import load_manifest
+
+import blobread
+from conftest import synth
+
+# Qwen2-MoE with every optional tensor: q/k/v biases, a gated shared expert and a dense layer
+FEATURES = dict(arch="qwen2_moe", layers=3, hidden=16, ffn=8, heads=2, kv_heads=1, experts=3, top_k=2, vocab=24,
+                seed=41, shared_ffn=16, dense_layers=[1], dense_ffn=12)
+
+
+def test_c_header_is_generated_from_the_schema():
+    """runtime_c/src/cb_format.h is exactly what formatgen writes (run `python -m colibri.codegen.formatgen`)."""
+    assert formatgen.C_HEADER.read_text() == formatgen.c_header()
+
+
+def test_format_md_tables_are_generated_from_the_schema():
+    text = formatgen.FORMAT_MD.read_text()
+    assert formatgen.format_md(text) == text
+    assert text.count("<!-- generated: ") == len(formatgen.doc_tables())
+
+
+def test_header_fields_agree_with_the_independent_reader():
+    """Every field blobread.py names sits at the same offset with the same type in the schema."""
+    types = {"I": "u32", "H": "u16", "Q": "u64", "f": "f32"}
+    for off, code, name in blobread.HEADER_FIELDS:
+        f = fmt.H[name]
+        assert (f.offset, f.type, f.count) == (off, types[code], 1), name
+    assert blobread.KIND_NAMES == {
+        k.code: k.canonical.replace("layers.{L}.", "").replace("moe.experts.{E}.", "") for k in fmt.KINDS}
+
+
+@pytest.fixture(scope="module")
+def feature_export(tmp_path_factory):
+    base = tmp_path_factory.mktemp("features")
+    ckpt = synth(base / "ckpt", **FEATURES)
+    out = base / "gen"
+    export(ckpt, out, ExportOptions(quant="int8", predict=False))
+    return out
+
+
+def test_table_order_is_the_schema_order(feature_export, golden_ckpts, tmp_path):
+    """The table of a written blob, named by blobread.py, is format.blob_names() of the model."""
+    from colibri.codegen.spec import ModelSpec
+
+    outs = [feature_export]
+    for name, ckpt in golden_ckpts.items():
+        export(ckpt, tmp_path / name, ExportOptions(quant="f16", predict=False))
+        outs.append(tmp_path / name)
+    for out in outs:
+        raw = (out / "model.bin").read_bytes()
+        spec = ModelSpec.from_json(json.loads((out / "manifest.json").read_text())["spec"])
+        assert [blobread.canonical_name(e) for e in blobread.entries(raw)] == fmt.blob_names(spec)
+        h = fmt.read_header(raw)
+        assert fmt.n_tensors(h["flags"], h["n_layers"], h["n_experts"], len(spec.dense_layers)) == h["n_tensors"]
+
+
+# The size audit's class of each canonical name, written out here rather than taken from the schema.
+def _expected_group(name: str) -> str:
+    rules = [(r"embed$", "embedding"), (r"lm_head$", "lm_head"), (r"(.*norm)$", "norms"),
+             (r"layers\.\d+\.attn\.", "attention"), (r"layers\.\d+\.moe\.router$", "router"),
+             (r"layers\.\d+\.moe\.experts\.\d+\.", "experts"), (r"layers\.\d+\.moe\.shared", "shared_expert"),
+             (r"layers\.\d+\.mlp\.", "dense_mlp")]
+    return next(group for pattern, group in rules if re.match(pattern, name))
+
+
+def test_manifest_tensors_carry_kind_layer_and_expert(feature_export):
+    """The size audit reads each tensor's class, layer and expert from the manifest: the dense MLP, the
+    shared expert and its gate are no longer "other"."""
+    m = load_manifest(feature_export / "manifest.json")
+    assert m is not None
+    names = {t.name for t in m.tensors}
+    assert {"layers.1.mlp.gate", "layers.0.moe.shared.down", "layers.2.moe.shared_gate"} <= names
+    for t in m.tensors:
+        assert t.kind == _expected_group(t.name), t.name
+        layer = re.match(r"layers\.(\d+)\.", t.name)
+        expert = re.search(r"\.experts\.(\d+)\.", t.name)
+        assert t.layer == (int(layer.group(1)) if layer else None), t.name
+        assert t.expert == (int(expert.group(1)) if expert else None), t.name
+
+
+def test_huge_counts_are_bounded_before_anything_is_listed():
+    """n_tensors is arithmetic: a header claiming 2^32-1 layers of 2^32-1 experts costs nothing to check."""
+    big = 0xFFFFFFFF
+    assert fmt.n_tensors(0, big, big, 0) > fmt.MAX_LAYERS * fmt.MAX_EXPERTS
+    h = {"magic": fmt.MAGIC, "version_major": 1, "n_layers": big, "n_experts": 1, "top_k": 1, "n_tensors": 1}
+    assert "n_layers" in fmt.header_problem(h, 1 << 20)
