@@ -22,6 +22,12 @@ ROW_ALIGN = 16  # row stride of a row-major tensor
 CTX_BYTES = 256  # the runtime's context at arena offset 0
 CRC_FROM = 12  # the CRC-32 covers [CRC_FROM, blob_bytes): everything after the crc32 field
 
+# Integer matmuls (FORMAT.md): activations quantized in blocks of Q8_BLOCK; the tiled16 layout stores
+# q8 matrices in tiles of TILE_ROWS rows, TILE_COLS columns of each row together.
+Q8_BLOCK = 32
+TILE_ROWS = 16
+TILE_COLS = 4
+
 # Versions: the minor a blob is written with says which of the later additions it uses.
 MINOR_BASE = 0  # no feature flag beyond TIED, no integer matmuls
 MINOR_FEATURES = 1  # a feature flag of the MoE families beyond Mixtral

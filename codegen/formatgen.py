@@ -52,6 +52,9 @@ def c_header() -> str:
                         ("ALIGN", f"{fmt.ALIGN}u"), ("ROW_ALIGN", f"{fmt.ROW_ALIGN}u"),
                         ("CTX_BYTES", f"{fmt.CTX_BYTES}u"), ("CRC_FROM", f"{fmt.CRC_FROM}u")):
         add(f"#define CB_{name} {value}")
+    add("/* integer matmuls: activation blocks, the tiled16 layout's tile */")
+    for name, c_name in (("Q8_BLOCK", "Q8_BLOCK"), ("TILE_ROWS", "TILE16_ROWS"), ("TILE_COLS", "TILE16_COLS")):
+        add(f"#define CB_{c_name} {getattr(fmt, name)}u")
     add("/* the format minor that introduced a feature */")
     for name in ("MINOR_FEATURES", "MINOR_INT8_ACTS"):
         add(f"#define CB_{name} {getattr(fmt, name)}u")
@@ -100,7 +103,7 @@ def c_header() -> str:
     for s in fmt.LAYER_SLOTS:
         if len(s.kinds) > 1 and s not in _mlp_slots():
             for i, k in enumerate(s.kinds):
-                add(f"#define CB_{s.name.upper()}_{k} {i}u /* from the {s.name} slot */")
+                add(f"#define CB_OFF_{k} {i}u /* in the {s.name} slot */")
     add("")
     add("/* A layer's table entries, as indices from the layer's first (ATTN_NORM); CB_NO_SLOT when the flags")
     add(" * or the layer's kind (dense MLP or MoE) leave a slot out. */")

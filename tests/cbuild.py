@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SRC = ROOT / "runtime_c" / "test"
-RUNTIME_SRC = [ROOT / "runtime_c" / "src" / s for s in ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")]
+RUNTIME_SRC = [ROOT / "runtime_c" / "src" / s for s in ("blob.c", "forward.c", "kernels.c", "kernels_q8.c", "cbmath.c")]
 CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno",
           "-g", "-O1", "-fno-omit-frame-pointer", f"-I{ROOT / 'runtime_c' / 'include'}"]
 # The vector kernels the host build uses (AVX2 / AVX-512 / NEON); COLIBRI_SCALAR forces the scalar ones.

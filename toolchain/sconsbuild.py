@@ -28,7 +28,7 @@ from .size.command import post_link
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
-RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
+RUNTIME_SRC = ("blob.c", "forward.c", "kernels.c", "kernels_q8.c", "cbmath.c")
 DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
 EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")

@@ -13,6 +13,10 @@
 #define CB_ROW_ALIGN 16u
 #define CB_CTX_BYTES 256u
 #define CB_CRC_FROM 12u
+/* integer matmuls: activation blocks, the tiled16 layout's tile */
+#define CB_Q8_BLOCK 32u
+#define CB_TILE16_ROWS 16u
+#define CB_TILE16_COLS 4u
 /* the format minor that introduced a feature */
 #define CB_MINOR_FEATURES 1u
 #define CB_MINOR_INT8_ACTS 2u
@@ -135,11 +139,11 @@ enum cb_kind {
 #define CB_MLP_DOWN 1u
 #define CB_MLP_UP 2u
 #define CB_MLP_TENSORS 3u
-#define CB_QKV_BIAS_BQ 0u /* from the qkv_bias slot */
-#define CB_QKV_BIAS_BK 1u /* from the qkv_bias slot */
-#define CB_QKV_BIAS_BV 2u /* from the qkv_bias slot */
-#define CB_QK_NORM_Q_NORM 0u /* from the qk_norm slot */
-#define CB_QK_NORM_K_NORM 1u /* from the qk_norm slot */
+#define CB_OFF_BQ 0u /* in the qkv_bias slot */
+#define CB_OFF_BK 1u /* in the qkv_bias slot */
+#define CB_OFF_BV 2u /* in the qkv_bias slot */
+#define CB_OFF_Q_NORM 0u /* in the qk_norm slot */
+#define CB_OFF_K_NORM 1u /* in the qk_norm slot */
 
 /* A layer's table entries, as indices from the layer's first (ATTN_NORM); CB_NO_SLOT when the flags
  * or the layer's kind (dense MLP or MoE) leave a slot out. */
