@@ -97,3 +97,65 @@ def test_huge_counts_are_bounded_before_anything_is_listed():
     assert fmt.n_tensors(0, big, big, 0) > fmt.MAX_LAYERS * fmt.MAX_EXPERTS
     h = {"magic": fmt.MAGIC, "version_major": 1, "n_layers": big, "n_experts": 1, "top_k": 1, "n_tensors": 1}
     assert "n_layers" in fmt.header_problem(h, 1 << 20)
+
+
+# ---- which check refused a blob: CB_BAD records its line in -DCOLIBRI_TRACE_CHECKS builds
+
+def _header_offset(name: str) -> tuple[int, str]:
+    return next((off, code) for off, code, n in blobread.HEADER_FIELDS if n == name)
+
+
+def _with(raw: bytes, name: str, value) -> bytes:
+    import struct
+    import zlib
+
+    b = bytearray(raw)
+    off, code = _header_offset(name)
+    struct.pack_into("<" + code, b, off, value)
+    struct.pack_into("<I", b, 8, zlib.crc32(bytes(b[12:])))
+    return bytes(b)
+
+
+@pytest.fixture(scope="module")
+def traced_runtime(tmp_path_factory):
+    import ctypes
+
+    from cbuild import RUNTIME_SRC, compile_c
+
+    out = tmp_path_factory.mktemp("traced")
+    lib = compile_c(out / "libtraced.so", RUNTIME_SRC, ["-shared", "-fPIC", "-DCOLIBRI_TRACE_CHECKS"])
+    plain = compile_c(out / "libplain.so", RUNTIME_SRC, ["-shared", "-fPIC"])
+    return ctypes.CDLL(str(lib)), ctypes.CDLL(str(plain))
+
+
+def _check_line(lib, raw: bytes) -> tuple[int, int]:
+    import ctypes
+
+    buf = (ctypes.c_uint8 * (len(raw) + 64))()
+    start = -ctypes.addressof(buf) % 64  # the runtime wants a 64-byte aligned blob
+    ctypes.memmove(ctypes.addressof(buf) + start, raw, len(raw))
+    line = ctypes.c_uint(0)
+    status = lib.colibri_debug_check(ctypes.c_void_p(ctypes.addressof(buf) + start), ctypes.c_size_t(len(raw)),
+                                     ctypes.byref(line))
+    return status, line.value
+
+
+def test_a_malformed_field_is_reported_by_its_check(traced_runtime, feature_export):
+    """Six header fields, each made wrong on its own, refused with BAD_HEADER (6) by six different checks,
+    each of which names the field on its line of blob.c; a good blob reports no check."""
+    lib, plain = traced_runtime
+    raw = (feature_export / "model.bin").read_bytes()
+    h = blobread.header(raw)
+    assert _check_line(lib, raw) == (0, 0)
+    source = (formatgen.ROOT / "runtime_c" / "src" / "blob.c").read_text().splitlines()
+    cases = {"shared_ffn": 0, "dense_ffn": 0, "routed_scale": 2.0, "top_k": h["n_experts"] + 1,
+             "rms_eps": float("nan"), "n_layers": 0xFFFFFFFF}
+    lines = {}
+    for name, value in cases.items():
+        status, line = _check_line(lib, _with(raw, name, value))
+        assert status == 6 and line > 0, (name, status, line)
+        assert name in source[line - 1], f"{name}: blob.c:{line} is {source[line - 1].strip()!r}"
+        lines[name] = line
+    assert len(set(lines.values())) == len(cases)
+    with pytest.raises(AttributeError):  # a build without the flag has no trace at all
+        plain.colibri_debug_check  # noqa: B018
