@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNTIME = ["runtime_c/src/blob.c", "runtime_c/src/forward.c", "runtime_c/src/kernels.c"]
+RUNTIME = ["runtime_c/src/colibri.c", "runtime_c/src/kernels.c"]
 CFLAGS = ["-O2", "-g", "-std=c11", "-fvisibility=hidden", "-ffunction-sections", "-fdata-sections",
           "-fstack-usage", "-fcallgraph-info=su", "-fno-stack-protector"]
 LINUX = {
