@@ -120,11 +120,11 @@ static colibri_status cb_check_features(cb_check *v, uint32_t flags)
     return COLIBRI_OK;
 }
 
-static colibri_status cb_check_header(cb_check *v)
+/* The frame around the model: alignment, length, magic, major version, table size, CRC-32. */
+static colibri_status cb_check_frame(cb_check *v)
 {
     const uint8_t *b = v->b;
     const uint64_t len = v->len;
-    cb_model *m = v->m;
     if ((uintptr_t)b % CB_ALIGN != 0)
         return CB_BAD(COLIBRI_E_BLOB_ALIGN);
     if (len < CB_HEADER_BYTES)
@@ -141,7 +141,15 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_TRUNCATED); /* header_bytes: not the table's end, or past the blob */
     if (cb_crc32(0, b + CB_CRC_FROM, len - CB_CRC_FROM) != cb_rd32(b + CB_H_CRC32))
         return CB_BAD(COLIBRI_E_CRC);
+    return COLIBRI_OK;
+}
 
+/* The dims and flags: nonzero, consistent, within the format's bounds and size_t. */
+static colibri_status cb_check_header(cb_check *v)
+{
+    const uint8_t *b = v->b;
+    cb_model *m = v->m;
+    CB_TRY(cb_check_frame(v));
     m->vocab = cb_rd32(b + CB_H_VOCAB);
     m->hidden = cb_rd32(b + CB_H_HIDDEN);
     m->n_layers = cb_rd32(b + CB_H_N_LAYERS);

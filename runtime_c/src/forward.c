@@ -401,6 +401,20 @@ static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos
         cb_layer(c, l, base, n, pos, &r);
 }
 
+/* Steps 10 (final norm) and 11 (lm_head, or the embedding when tied) for row j of the last block. */
+static void cb_logits(colibri_ctx *c, size_t j, float *logits)
+{
+    const size_t dim = CB_HIDDEN(c);
+    size_t final_norm = CB_FIRST_LAYER;
+    for (size_t l = 0; l < CB_N_LAYERS(c); l++)
+        final_norm += cb_layer_tensors(c, l);
+    float *xb = c->buf[CB_BUF_XB] + j * dim;
+    cb_rmsnorm(xb, c->buf[CB_BUF_X] + j * dim, cb_vector(c, final_norm), dim, c->m.rms_eps);
+    const float *x = xb, one = 1.0f;
+    cb_xq xq[1];
+    cb_mm(c, CB_TIED(c) ? CB_T_EMBED : final_norm + 1, 1, &x, cb_quantize(c, &x, 1, dim, xq), &logits, &one, 0);
+}
+
 /* ------------------------------------------------------------------- API */
 
 static int cb_ready(const colibri_ctx *c)
@@ -434,18 +448,8 @@ colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n
         n = n_tokens - i < ctx->m.block ? n_tokens - i : ctx->m.block;
         cb_block(ctx, tokens + i, n, ctx->n_past);
     }
-    if (logits) { /* the last token's row of the last block: 10 final norm, 11 lm_head */
-        size_t final_norm = CB_FIRST_LAYER, dim = CB_HIDDEN(ctx);
-        for (size_t l = 0; l < CB_N_LAYERS(ctx); l++)
-            final_norm += cb_layer_tensors(ctx, l);
-        const float *xb = ctx->buf[CB_BUF_XB] + (n - 1) * dim;
-        cb_rmsnorm(ctx->buf[CB_BUF_XB] + (n - 1) * dim, ctx->buf[CB_BUF_X] + (n - 1) * dim,
-                   cb_vector(ctx, final_norm), dim, ctx->m.rms_eps);
-        cb_xq xq[1];
-        const float one = 1.0f;
-        cb_mm(ctx, CB_TIED(ctx) ? CB_T_EMBED : final_norm + 1, 1, &xb, cb_quantize(ctx, &xb, 1, dim, xq), &logits,
-              &one, 0);
-    }
+    if (logits)
+        cb_logits(ctx, n - 1, logits);
     return COLIBRI_OK;
 }
 
