@@ -68,6 +68,8 @@ MAX_TOP_K = 16
 MAX_PREFILL_BLOCK = 128
 DENSE_MAP_LAYERS = 256  # layers the dense_map can mark; later layers are MoE
 N_BUFFER_SLOTS = 13  # buffer_offset entries in the header
+# the header fields a reader builds lists in proportion to, and their bounds
+SIZE_BOUNDS = (("n_layers", MAX_LAYERS), ("n_experts", MAX_EXPERTS))
 
 HEADER: tuple[Field, ...] = (
     Field("magic", 0, "u32", "`0x52424C43` (bytes `C L B R`)"),
@@ -406,25 +408,6 @@ def dense_layers_of(h: Mapping[str, object]) -> list[int]:
     bits = h["dense_map"]
     assert isinstance(bits, bytes)
     return [i for i in range(DENSE_MAP_LAYERS) if bits[i // 8] >> (i % 8) & 1]
-
-
-def header_problem(h: Mapping[str, int], blob_len: int) -> str | None:
-    """The first reason a header cannot describe a blob of blob_len bytes, checked as the C validator
-    checks it before it sizes anything (so a reader may then allocate per layer, expert or tensor)."""
-    if h["magic"] != MAGIC:
-        return "not a colibri blob (bad magic)"
-    if h["version_major"] != VERSION_MAJOR:
-        return f"format major version {h['version_major']}, this reader knows {VERSION_MAJOR}"
-    if h["n_layers"] > MAX_LAYERS:
-        return f"n_layers {h['n_layers']} above the format's limit {MAX_LAYERS}"
-    if h["n_experts"] > MAX_EXPERTS:
-        return f"n_experts {h['n_experts']} above the format's limit {MAX_EXPERTS}"
-    if h["top_k"] > MAX_TOP_K:
-        return f"top_k {h['top_k']} above the format's limit {MAX_TOP_K}"
-    table_end = HEADER_BYTES + ENTRY_BYTES * h["n_tensors"]
-    if table_end > blob_len:
-        return f"tensor table of {h['n_tensors']} entries beyond the blob's {blob_len} bytes"
-    return None
 
 
 def entry(buf: bytes | bytearray | memoryview, i: int) -> dict:

@@ -116,7 +116,7 @@ def inspect_blob(path: Path) -> dict:
     if len(raw) < fmt.HEADER_BYTES or fmt.read_header(raw)["magic"] != fmt.MAGIC:
         raise ExportError(path, "not a colibri blob (bad magic)")
     h = fmt.read_header(raw)
-    for name, bound in (("n_layers", fmt.MAX_LAYERS), ("n_experts", fmt.MAX_EXPERTS)):
+    for name, bound in fmt.SIZE_BOUNDS:
         if h[name] > bound:
             raise ExportError(path, f"header field {name} is {h[name]}, above the format's limit of {bound}")
     crc = zlib.crc32(raw[fmt.CRC_FROM:]) if len(raw) == h["blob_bytes"] else None
