@@ -25,14 +25,19 @@ _Static_assert(CB_DTYPE_F32 == CB_F32 && CB_DTYPE_F16 == CB_F16 && CB_DTYPE_INT8
                && CB_DTYPE_INT8C == CB_I8C, "kernels.h's dtype codes are the format's");
 _Static_assert(CB_Q8_BLOCK == CB_ACT_BLOCK && CB_TILE16_ROWS == CB_TILE_ROWS, "kernels.h's q8 shapes are the format's");
 
-/* Tokens a prefill block may hold: the format's CB_MAX_PREFILL_BLOCK, so each expert's weights are read
- * once per 128 prompt tokens; 32 on microcontrollers (no parallel hook), whose stack reservation is a few
- * KiB and whose arrays of row pointers grow with it. */
+/* Tokens a prefill block may hold: at most the format's CB_MAX_PREFILL_BLOCK (128), so each expert's
+ * weights are read once per 128 prompt tokens; less as the target declares it (-DCOLIBRI_MAX_PREFILL_BLOCK):
+ * a microcontroller's stack reservation is a few KiB and its arrays of row pointers grow with it (32 when
+ * a build without the parallel hook does not say). */
+#ifndef COLIBRI_MAX_PREFILL_BLOCK
 #if defined(COLIBRI_NO_PARALLEL)
-#define CB_MAX_BLOCK 32u
+#define COLIBRI_MAX_PREFILL_BLOCK 32
 #else
-#define CB_MAX_BLOCK CB_MAX_PREFILL_BLOCK
+#define COLIBRI_MAX_PREFILL_BLOCK 128
 #endif
+#endif
+#define CB_MAX_BLOCK (COLIBRI_MAX_PREFILL_BLOCK + 0u)
+_Static_assert(CB_MAX_BLOCK >= 1 && CB_MAX_BLOCK <= CB_MAX_PREFILL_BLOCK, "a prefill block the format allows");
 #define CB_CTX_MAGIC 0x78746362u
 
 /* A validated header: the forward pass reads its dimensions from here (or model.h's constants). */
