@@ -30,7 +30,6 @@ import argparse
 import json
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -49,7 +48,6 @@ SHAPES = {
 LLAMA_ISSUE = {"30m": {"decode": 2050.0, "prefill": 8300.0}, "288m": {"decode": 240.0, "prefill": 580.0}}
 PREFILL, DECODE = 512, 128  # llama-bench's pp512 and tg128
 GOAL = {"decode": 1.3, "prefill": 1.0}
-EXPERT_KINDS = (10, 11, 12)  # W_GATE, W_DOWN, W_UP (FORMAT.md)
 SCALE_BYTES = {0: 0, 1: 4, 2: 2}
 
 STREAM_C = r"""
@@ -80,22 +78,22 @@ int main(int argc, char **argv) {
 
 def weight_bytes_per_token(blob: Path) -> tuple[int, int]:
     """(bytes of weights one decoded token reads, expected over routing; the blob's bytes)."""
+    from colibri.codegen import format as fmt
+
     with open(blob, "rb") as f:
-        head = f.read(256)
-        n_tensors = struct.unpack_from("<I", head, 24)[0]
-        n_experts, top_k = struct.unpack_from("<II", head, 64)
-        table = f.read(64 * n_tensors)
+        h = fmt.read_header(f.read(fmt.HEADER_BYTES))
+        table = f.read(fmt.ENTRY_BYTES * h["n_tensors"])
+    expert_kinds = {fmt.KIND[k].code for k in ("W_GATE", "W_DOWN", "W_UP")}
     total = 0.0
-    for i in range(n_tensors):
-        kind, _layer, _expert, _dt, sdt, rows, cols, stride, group, n_out = struct.unpack_from(
-            "<HHHBBIIIII", table, 64 * i)
-        groups = -(-cols // group) if sdt else 0
-        per_row = stride + groups * SCALE_BYTES.get(sdt, 0)
-        if kind == 1:  # EMBED: one row per token
+    for i in range(h["n_tensors"]):
+        e = fmt.entry(bytes(fmt.HEADER_BYTES) + table, i)
+        groups = -(-e["cols"] // e["group_size"]) if e["scale_dtype"] else 0
+        per_row = e["row_stride"] + groups * SCALE_BYTES.get(e["scale_dtype"], 0)
+        if e["kind"] == fmt.KIND["EMBED"].code:  # one row per token
             nbytes = per_row
         else:
-            nbytes = rows * per_row + 4 * n_out
-        total += nbytes * (top_k / n_experts if kind in EXPERT_KINDS else 1.0)
+            nbytes = e["rows"] * per_row + 4 * e["n_outliers"]
+        total += nbytes * (h["top_k"] / h["n_experts"] if e["kind"] in expert_kinds else 1.0)
     return int(total), blob.stat().st_size
 
 

@@ -14,11 +14,12 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__
-from .blob import BlobWriter, feature_flags, format_version
+from .blob import BlobWriter, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
+from .format import blob_names, feature_flags, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
@@ -179,8 +180,8 @@ def export(
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block)
-    names = canonical_names(spec)
-    order = names[:1] + ["rope_freq"] + names[1:]
+    order = blob_names(spec)
+    names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
     src_sizes = _source_bytes(source, spec, names)
     src_bytes = sum(src_sizes.values())
@@ -191,17 +192,18 @@ def export(
     with staged_dir(Path(out_dir)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
+            derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
                     writer.add(q.name, q.qt)
-                    row = {**q.row, "offset": writer.records[-1].offset, "bytes": writer.records[-1].nbytes,
-                           "payload_bits": q.qt.payload_bits()}
+                    row = {**q.row, **tensor_fields(q.name), "offset": writer.records[-1].offset,
+                           "bytes": writer.records[-1].nbytes, "payload_bits": q.qt.payload_bits()}
                     rows.append(row)
                     sq_err += (row["rel_error"] ** 2) * q.norm2
                     sq_norm += q.norm2
                     progress.tensor_done(_tensor_line(row), src_sizes[q.name])
-                    if q.name == names[0]:
-                        writer.add("rope_freq", QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
+                    while len(writer.records) < len(order) and order[len(writer.records)] in derived:
+                        writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
@@ -269,7 +271,7 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
 def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:
     """Blob bytes the dropped experts would have taken: their tensors (the mean of the kept experts', exact
     unless int8c corrections differ), their table entries and their router rows."""
-    from .blob import ENTRY_BYTES, ROW_ALIGN
+    from .format import ENTRY_BYTES, ROW_ALIGN
     from .plan import align_up
 
     n_dropped = (before.n_experts - after.n_experts) * len(after.moe_layers)

@@ -184,7 +184,7 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     flash = {c["key"]: c["flash"] for c in audit["categories"]}
     runtime_text = sum(s["bytes"] for s in audit["symbols"] if s["category"] == "runtime" and s["section"] == ".text")
     code = flash["runtime"] + flash["generated"] + flash["app"]
-    objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "kernels_q8", "cbmath")]
+    objects = [str(out / "obj" / f"{s}.o") for s in ("blob", "forward", "kernels", "kernels_q8", "cbmath")]
     size = subprocess.run(["arm-none-eabi-size", *objects], capture_output=True, text=True, check=True).stdout
     objects_text = sum(int(line.split()[0]) for line in size.splitlines()[1:])
     print(f"\nstm32h7 -Os: runtime .text {runtime_text} B in the image ({objects_text} B in the objects"

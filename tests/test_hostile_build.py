@@ -72,7 +72,7 @@ def test_hostile_paths_build_and_run(hostile):
                  check=False).returncode == 0, "a null build must do nothing"
     if "stm32h7" in outs:
         fw_db = json.loads((outs["stm32h7"] / "compile_commands.json").read_text())  # recorded like Linux ones
-        assert {"colibri.c", "model.c", "main.c", "model_blob.S"} <= {Path(e["file"]).name for e in fw_db}
+        assert {"forward.c", "model.c", "main.c", "model_blob.S"} <= {Path(e["file"]).name for e in fw_db}
         assert all(shlex.split(e["command"])[0] == "arm-none-eabi-gcc" for e in fw_db)
         boot = [str(BIN / "colibri"), "run", "--target", "stm32h7", str(outs["stm32h7"] / "m_x.elf")]
         assert _demo_tokens(boot) == tokens
