@@ -22,11 +22,16 @@ def _tokens(text: str) -> list[int]:
 def cmd_synth(a: argparse.Namespace) -> int:
     from colibri.codegen.synth import synth_checkpoint
 
-    path = synth_checkpoint(
-        a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
-        experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
-        head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards,
-    )
+    try:
+        path = synth_checkpoint(
+            a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
+            experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
+            head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards,
+        )
+    except ValueError as e:  # the dimensions do not make a model; the message names the option
+        if a.debug:
+            raise
+        return _fail(str(e))
     print(f"wrote {path}")
     return 0
 
@@ -39,7 +44,12 @@ def cmd_export(a: argparse.Namespace) -> int:
         prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
     )
-    res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
+    try:
+        res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
+    except OSError as e:  # the checkpoint's files are read through safeio: this is the output side
+        if a.debug:
+            raise
+        return _fail(f"{a.out}: cannot write the export: {_os_error(e)}")
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
     return 0
 
@@ -104,6 +114,7 @@ def cmd_targets(a: argparse.Namespace) -> int:  # noqa: ARG001
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="colibri", description="MoE checkpoints to C, for any target.")
+    p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("synth", help="write a random HF-format checkpoint")
@@ -171,15 +182,48 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(message: str) -> int:
+    print(f"colibri: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the file(s) it names and the system's reason (ENOSPC, EROFS, EACCES...)."""
+    where = ": ".join(os.fsdecode(f) for f in (e.filename, e.filename2) if f is not None)
+    why = e.strerror or str(e)
+    return f"{where}: {why}" if where else why
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every expected failure is one line on stderr and exit 2 (130 when interrupted);
+    --debug shows the traceback instead."""
     from colibri.codegen.errors import ExportError
 
+    for stream in (sys.stdout, sys.stderr):  # a file name with non-UTF-8 bytes prints as \xNN
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
     except (ExportError, TargetError) as e:
-        print(f"colibri: error: {e}", file=sys.stderr)
-        return 2
+        if args.debug:
+            raise
+        return _fail(str(e))
+    except OSError as e:
+        if args.debug:
+            raise
+        return _fail(_os_error(e))
+    except (UnicodeError, RecursionError, MemoryError) as e:
+        if args.debug:
+            raise
+        what = {UnicodeEncodeError: "cannot encode", UnicodeDecodeError: "cannot decode",
+                RecursionError: "input nested too deeply", MemoryError: "out of memory"}
+        return _fail(f"{what.get(type(e), type(e).__name__)}: {e}" if str(e) else what.get(type(e), type(e).__name__))
 
 
 if __name__ == "__main__":
