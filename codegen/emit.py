@@ -143,8 +143,8 @@ def check_output(out_dir: Path, protect: tuple[Path, ...] = ()) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(out_dir, f"exists and is {_describe(st.st_mode)}, not a directory")
     if any(out_dir.iterdir()) and not is_previous_export(out_dir):
-        raise _refuse(out_dir, f"exists and is not a colibri export (files other than {', '.join(sorted(EXPORT_FILES))}, "
-                               f"or no {MANIFEST} of colibri)")
+        raise _refuse(out_dir, f"exists and is not a colibri export (files other than "
+                               f"{', '.join(sorted(EXPORT_FILES))}, or no {MANIFEST} of colibri)")
 
 
 @contextmanager

@@ -22,9 +22,9 @@ from .errors import ExportError
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, MCU_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
-from .safeio import read_json
 from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
+from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
 from .stream import pool_workers, quantize_all
 

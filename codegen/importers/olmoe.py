@@ -19,11 +19,14 @@ from . import _hf
 
 ARCHITECTURES = ("OlmoeForCausalLM",)
 MODEL_TYPES = ("olmoe",)
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# transformers 5.x OlmoeConfig: attribute_map {"num_local_experts": "num_experts"}.
+ALIASES: dict[str, tuple[str, ...]] = {"num_experts": ("num_local_experts",)}
 NAMES = _hf.Names()
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     _hf.reject_attention_bias(cfg)
     if cfg.data.get("head_dim") is not None:

@@ -20,6 +20,9 @@ from . import _hf
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM",)
 MODEL_TYPES = ("qwen2_moe",)
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# transformers 5.x Qwen2MoeConfig has no attribute_map.
+ALIASES: dict[str, tuple[str, ...]] = {}
 NAMES = _hf.Names()
 
 
@@ -31,7 +34,7 @@ def dense_layers(cfg: _hf._Config, n_layers: int) -> tuple[int, ...]:
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     f = _hf.common_fields(cfg)
     dense = dense_layers(cfg, f["n_layers"])
