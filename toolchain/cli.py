@@ -182,8 +182,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def printable(text: str) -> str:
+    """Text with the non-UTF-8 bytes of a file name (surrogate escapes) spelt \\xNN, like the shell does."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _fail(message: str) -> int:
-    print(f"colibri: error: {message}", file=sys.stderr)
+    print(f"colibri: error: {printable(message)}", file=sys.stderr)
     return 2
 
 
