@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -53,10 +54,9 @@ def _finalize(value: Any) -> Any:
     return value
 
 
-def render_sources(out_dir: Path, context: dict) -> None:
-    for key in ("prompt",):
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in context[key]):
-            raise ValueError(f"template {key} holds a non-integer")
+@functools.cache
+def templates() -> dict[str, jinja2.Template]:
+    """The compiled templates (compiled once per process: most of a small export's time otherwise)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("colibri.codegen", "templates"),
         undefined=jinja2.StrictUndefined,
@@ -64,8 +64,15 @@ def render_sources(out_dir: Path, context: dict) -> None:
         autoescape=False,
         finalize=_finalize,
     )
+    return {name: env.get_template(f"{name}.j2") for name in TEMPLATES}
+
+
+def render_sources(out_dir: Path, context: dict) -> None:
+    for key in ("prompt",):
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in context[key]):
+            raise ValueError(f"template {key} holds a non-integer")
     for name in TEMPLATES:
-        text = env.get_template(f"{name}.j2").render(**context)
+        text = templates()[name].render(**context)
         with unnamed_file(out_dir / name) as f:
             f.write(text.encode("ascii"))
 
