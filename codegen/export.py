@@ -22,7 +22,7 @@ from .errors import ExportError
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, MCU_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
-from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
+from .quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
@@ -48,7 +48,7 @@ HIGHER_PRECISION = {
 
 @dataclass
 class ExportOptions:
-    quant: str = "int8c"
+    quant: str = DEFAULT_QUANT
     group_size: int = 0  # 0: one scale per output row
     outlier_frac: float = DEFAULT_OUTLIER_FRAC
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .importers import deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe
+from .importers import FAMILIES, IMPORTERS
 from .spec import ModelSpec, canonical_names, canonical_shape
 
 DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
@@ -28,11 +28,8 @@ ROUTER_LOGIT_STD = 2.0
 TIED_EMBED_STD = 0.25
 RMS_EPS = 1e-5
 BIAS_STD = 0.2
-ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
-_HF_CLASS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-             "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "deepseek": "DeepseekForCausalLM"}
-_SOURCE_NAMES = {"qwen2_moe": qwen2_moe.NAMES, "qwen3_moe": qwen3_moe.NAMES, "olmoe": olmoe.NAMES,
-                 "deepseek": deepseek.NAMES}
+ARCHES = FAMILIES  # the importers' registry
+_IMPORTER = {imp.family: imp for imp in IMPORTERS}
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -121,7 +118,7 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
 def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
     family = _family_config(spec)
     cfg: dict[str, object] = {
-        "architectures": [_HF_CLASS[spec.arch]],
+        "architectures": [_IMPORTER[spec.arch].architectures[0]],
         "model_type": spec.arch,
         "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
@@ -251,7 +248,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     entries = []
     for name in canonical_names(spec):
         w = _weight(rng, spec, name, heavy_tail)
-        src = mixtral.source_name(name) if arch == "mixtral" else _SOURCE_NAMES[arch].source_name(name)
+        src = _IMPORTER[arch].source_name(name)
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 
     out = Path(out_dir).absolute()

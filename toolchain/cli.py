@@ -113,13 +113,16 @@ def cmd_targets(a: argparse.Namespace) -> int:  # noqa: ARG001
 
 
 def parser() -> argparse.ArgumentParser:
+    from colibri.codegen.importers import FAMILIES
+    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS
+
     p = argparse.ArgumentParser(prog="colibri", description="MoE checkpoints to C, for any target.")
     p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("synth", help="write a random HF-format checkpoint")
     s.add_argument("ckpt")
-    s.add_argument("--arch", default="mixtral", choices=["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"])
+    s.add_argument("--arch", default=FAMILIES[0], choices=FAMILIES)
     for flag, default in (("layers", 2), ("hidden", 64), ("ffn", 128), ("heads", 8), ("kv-heads", 2),
                           ("experts", 4), ("top-k", 2), ("vocab", 320), ("seed", 1), ("shards", 1)):
         s.add_argument(f"--{flag}", type=int, default=default)
@@ -132,9 +135,10 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="quantize a checkpoint and generate C sources")
     e.add_argument("ckpt")
     e.add_argument("-o", "--out", required=True)
-    e.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
-    e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
+    e.add_argument("--outlier-frac", type=float, default=DEFAULT_OUTLIER_FRAC,
+                   help="int8c: fraction of fp16 corrections")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, 1..32 with --layout rows (more "
@@ -158,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a model for a target with SCons")
     b.add_argument("ckpt", nargs="?", default=None, help="checkpoint (default: the bundled model)")
     b.add_argument("--target", default="host")
-    b.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    b.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     b.add_argument("--max-seq", type=int, default=0)
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     b.add_argument("scons_args", nargs="*", help="extra SCons arguments (NAME=value)")

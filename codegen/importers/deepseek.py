@@ -19,6 +19,7 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("DeepseekForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3")
@@ -66,3 +67,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("deepseek", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ExportError
 from ..spec import ModelSpec, canonical_names
+from ._registry import Importer, register
 
 ARCHITECTURES = ("MixtralForCausalLM",)
 MODEL_TYPES = ("mixtral",)
@@ -202,3 +203,6 @@ def tensor_map(spec: ModelSpec) -> dict[str, str]:
 def is_ignored(spec: ModelSpec, name: str) -> bool:
     """Tensors a checkpoint may carry that the model does not use (a tied lm_head, rotary buffers)."""
     return (spec.tied and name == "lm_head.weight") or _IGNORED.fullmatch(name) is not None
+
+
+IMPORTER = register(Importer("mixtral", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored, source_name))

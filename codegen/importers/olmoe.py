@@ -16,6 +16,7 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("OlmoeForCausalLM",)
 MODEL_TYPES = ("olmoe",)
@@ -43,3 +44,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("olmoe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

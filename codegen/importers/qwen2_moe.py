@@ -17,6 +17,7 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM",)
 MODEL_TYPES = ("qwen2_moe",)
@@ -53,3 +54,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("qwen2_moe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

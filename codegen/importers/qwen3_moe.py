@@ -17,6 +17,7 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 from .qwen2_moe import dense_layers
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
@@ -44,3 +45,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("qwen3_moe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))
