@@ -372,3 +372,11 @@ def test_config_alias_spellings(tmp_path, arch, key, alias):
     cfg[alias] = n + 1  # different values: refused naming both
     (ck / "config.json").write_text(json.dumps(cfg))
     one_line(colibri("export", ck, "-o", tmp_path / "bad"), f"'{key}'", f"'{alias}'", "differ")
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    for argv in (("export", tmp_path), ("export", tmp_path, "-o", tmp_path / "o", "--prompt", "a,b"),
+                 ("synth", tmp_path / "s", "--layers", "x"), ("inspect",)):
+        res = colibri(*argv)
+        err = res.stderr.decode()
+        assert res.returncode == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err

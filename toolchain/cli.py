@@ -112,11 +112,18 @@ def cmd_targets(a: argparse.Namespace) -> int:  # noqa: ARG001
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line too (`colibri export -h` still shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} -h)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     from colibri.codegen.importers import FAMILIES
     from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS
 
-    p = argparse.ArgumentParser(prog="colibri", description="MoE checkpoints to C, for any target.")
+    p = _Parser(prog="colibri", description="MoE checkpoints to C, for any target.")
     p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
     sub = p.add_subparsers(dest="cmd", required=True)
 
