@@ -380,3 +380,16 @@ def test_usage_errors_are_one_line(tmp_path):
         res = colibri(*argv)
         err = res.stderr.decode()
         assert res.returncode == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err
+
+
+def test_synth_replaces_only_a_checkpoint(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    f = tmp_path / "file"
+    f.write_text("mine")
+    before = tree(tmp_path)
+    for out, needle in ((tmp_path, "file"), (f, "is not a directory")):
+        one_line(colibri("synth", out, "--layers", "1"), str(out), needle)
+    assert tree(tmp_path) == before
+    ck = tmp_path / "ck"
+    for _ in range(2):  # over a checkpoint it wrote: fine
+        assert colibri("synth", ck, "--layers", "1").returncode == 0
