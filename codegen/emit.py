@@ -137,7 +137,10 @@ def is_previous_export(out_dir: Path) -> bool:
 def check_output(out_dir: Path, protect: tuple[Path, ...] = ()) -> None:
     """Refuse an -o that is, contains or lies inside a protected directory (the checkpoint), or that exists
     and is anything but an empty directory or a previous export. Touches nothing."""
-    real = out_dir.resolve()
+    try:
+        real = out_dir.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise _refuse(out_dir, f"cannot be resolved ({e})") from None
     for p in protect:
         q = Path(p).resolve()
         if real == q or q in real.parents or real in q.parents:

@@ -275,9 +275,11 @@ def test_full_output_file_system(ck, tmp_path):
     assert tree(tmp_path) == before
 
 
-def test_output_under_a_file(ck, tmp_path):
+def test_output_under_a_file_or_a_link_loop(ck, tmp_path):
     (tmp_path / "f").write_text("x")
     one_line(colibri("export", ck, "-o", tmp_path / "f" / "out", "--no-predict"), str(tmp_path / "f"))
+    (tmp_path / "loop").symlink_to("loop")
+    one_line(colibri("export", ck, "-o", tmp_path / "loop", "--no-predict"), str(tmp_path / "loop"), "resolved")
 
 
 def test_debug_shows_the_traceback(ck, tmp_path):
