@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import jinja2
 
 from .errors import ExportError
-from .safeio import read_json
+from .safeio import file_kind, read_json
 
 TEMPLATES = ("model.h", "model.c", "model_blob.S")
 MANIFEST = "manifest.json"
@@ -109,8 +109,6 @@ def _describe(mode: int) -> str:
         return "a symbolic link"
     if stat.S_ISREG(mode):
         return "a file"
-    from .safeio import file_kind
-
     return file_kind(mode)
 
 
