@@ -178,6 +178,23 @@ def _write_weights(tmp: Path, entries: list[tuple[str, str, tuple[int, ...], byt
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
+CHECKPOINT_FILES = ("config.json", "model.safetensors.index.json", "colibri.json")
+
+
+def check_replaceable(out: Path) -> None:
+    """synth replaces only a missing or empty directory or a checkpoint (config.json, the index, colibri.json
+    and *.safetensors files, nothing else); anything else is refused before any work."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ValueError(f"synth: {out} exists and is not a directory; refusing to replace it")
+    other = sorted(p.name for p in out.iterdir() if not (p.name in CHECKPOINT_FILES or p.suffix == ".safetensors")
+                   or not p.is_file())
+    if other:
+        raise ValueError(f"synth: {out} holds {other[0]!r}, not a checkpoint file; refusing to replace it "
+                         "(synth writes into a new or empty directory, or over a checkpoint)")
+
+
 def _replace_dir(tmp: Path, out: Path) -> None:
     """Move tmp to out; an existing out is swapped away first and then removed."""
     old = None
@@ -251,7 +268,10 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         src = _IMPORTER[arch].source_name(name)
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 
-    out = Path(out_dir).absolute()
+    out = Path(os.path.abspath(out_dir))
+    if not out.name:
+        raise ValueError(f"synth: {out} is the root directory")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
