@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import stat
@@ -323,25 +324,36 @@ def test_interrupt_is_exit_130_and_leaves_the_output(ck, tmp_path):
 # ---- class 11: two exports to one directory ----
 
 def test_concurrent_exports_to_one_directory_both_succeed(ck, tmp_path):
+    """The first export is stopped (SIGSTOP) while it holds the output; the second must wait for it, say so,
+    and both must succeed once the first resumes. Synchronised by the staging directory and that line."""
     out = tmp_path / "out"
     big = _big(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen([str(BIN / "colibri"), "export", str(big), "-o", str(out), "--no-predict"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    second = None
     try:
-        for line in first.stdout:  # the first is writing its staging directory when this line comes
+        for line in first.stdout:  # the first is writing into its staging directory when this line comes
             if "layers.0." in line:
                 break
-        assert first.poll() is None and list(tmp_path.glob(".out.tmp-*")), "the first export already finished"
-        second = subprocess.run([str(BIN / "colibri"), "export", str(ck), "-o", str(out), "--no-predict"],
-                                capture_output=True, text=True, timeout=TIMEOUT)
-        rest, err1 = first.communicate(timeout=TIMEOUT)
+        first.send_signal(signal.SIGSTOP)
+        assert list(tmp_path.glob(".out.tmp-*")), "the first export is not staging"
+        second = subprocess.Popen([str(BIN / "colibri"), "export", str(ck), "-o", str(out), "--no-predict"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ready, _, _ = select.select([second.stderr], [], [], TIMEOUT)
+        waiting = second.stderr.readline() if ready else ""
+        first.send_signal(signal.SIGCONT)
+        assert "waiting for another export" in waiting, waiting
+        _, err2 = second.communicate(timeout=TIMEOUT)
+        _, err1 = first.communicate(timeout=TIMEOUT)
     finally:
-        first.kill()
-        first.wait()
+        for p in (first, second):
+            if p is not None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
     assert first.returncode == 0, err1
-    assert second.returncode == 0, second.stderr
-    assert "waiting for another export" in second.stderr
+    assert second.returncode == 0, err2
     # the second waited for the first, then replaced its output whole: out is the small model's export
     assert json.loads((out / "manifest.json").read_text())["model"] == "ck"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "ck", "out"]
