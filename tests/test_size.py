@@ -671,3 +671,16 @@ def test_hostile_messages_name_the_problem(tiny, tmp_path):
         path = _hostile(kind, tiny, tmp_path)
         res = subprocess.run([str(COLIBRI), "size", str(path)], capture_output=True, text=True, timeout=30)
         assert words in res.stderr, (kind, res.stderr)
+
+
+def test_stack_dir_fifo_is_not_read(tiny, tmp_path):
+    """A FIFO among the .su files is no stack file: skipped, never waited on."""
+    obj = tmp_path / "obj"
+    obj.mkdir()
+    os.mkfifo(obj / "fifo.su")
+    shutil.copy(tiny["so"].parent / "t.o", obj / "t.o")  # the object the library links: its .su is used
+    (obj / "t.su").write_text("t.c:2:5:get\t16\tstatic\n")
+    res = subprocess.run([str(COLIBRI), "size", "--json", "--stack-dir", str(obj), str(tiny["so"])],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["stack"]["inputs"] == [str(obj / "t.su")]

@@ -490,7 +490,7 @@ def _ar_members(f: BinaryIO, path: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def _open(path: Path, what: str) -> BinaryIO:
+def open_input(path: Path, what: str) -> BinaryIO:
     """A regular file opened for reading (a FIFO or a device is refused, never waited on)."""
     try:
         return os.fdopen(open_regular(path, what), "rb")
@@ -501,7 +501,7 @@ def _open(path: Path, what: str) -> BinaryIO:
 def load(path: str | Path, dwarf: bool = True) -> Artifact:
     """Read an ELF file or every ELF member of an ar archive."""
     path = Path(path)
-    with _open(path, "file") as f:
+    with open_input(path, "file") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         f.seek(0)
@@ -513,7 +513,7 @@ def load(path: str | Path, dwarf: bool = True) -> Artifact:
         for name, start, length in _ar_members(f, path):
             label = f"{path}({name})"
             if start < 0:  # thin archive: the member is a file beside the archive
-                with _open(path.parent / name, f"member {name} of thin archive {path}") as m:
+                with open_input(path.parent / name, f"member {name} of thin archive {path}") as m:
                     if m.read(4) == b"\x7fELF":
                         m.seek(0)
                         images.append(read_elf(m, label, name, dwarf))
