@@ -684,3 +684,15 @@ def test_stack_dir_fifo_is_not_read(tiny, tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["stack"]["inputs"] == [str(obj / "t.su")]
+
+
+@pytest.mark.parametrize("where", ["directory", "missing-dir"])
+def test_html_output_unwritable_one_line(tiny, tmp_path, where):
+    out = tmp_path if where == "directory" else tmp_path / "no" / "report.html"
+    res = subprocess.run([str(COLIBRI), "size", "--html", str(out), str(tiny["so"])],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.splitlines() == [f"colibri size: {out}: cannot write the HTML report: "
+                                       + ("a directory" if where == "directory" else "No such file or directory")]
+    assert not res.stdout  # refused before any report
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind
