@@ -40,7 +40,7 @@ REGRESS = TEST_SRC / "regress"
 
 
 def _regressions() -> list:
-    return sorted(p for p in REGRESS.iterdir() if p.is_file()) if REGRESS.is_dir() else []
+    return sorted(REGRESS.glob("*.bin"))
 
 
 @pytest.fixture(scope="module")
