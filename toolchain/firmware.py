@@ -32,7 +32,7 @@ from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
 TEMPLATE = "firmware.ld.j2"
-RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
+RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c", "sample.c")
 PLACEMENT_KEYS = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
 FAMILIES = {
     # app sources, entry symbol, stack roots: the reset path, then exception handlers

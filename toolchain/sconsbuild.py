@@ -28,7 +28,7 @@ from .size.command import post_link
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
-RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
+RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c", "sample.c")
 DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
 EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")
@@ -204,7 +204,8 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
     headers = [env.Command(str(out / "include" / h), path, COPY)
-               for h, path in (("colibri.h", str(src / "include/colibri.h")), ("model.h", gen["model.h"]))]
+               for h, path in (("colibri.h", str(src / "include/colibri.h")),
+                               ("colibri_sample.h", str(src / "include/colibri_sample.h")), ("model.h", gen["model.h"]))]
     pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), Action(_pkgconfig_action, "GEN    $TARGET"),
                      COLIBRI_MODEL=name)
     exe_flags = ["-static"] if static_exe else []
