@@ -52,7 +52,7 @@
  *    completed becomes one U+FFFD; an incomplete tail is held back until the next
  *    byte (or colibri_utf8_flush, where it becomes one U+FFFD).
  *  - bytes fed as COLIBRI_UTF8_BYTE (byte-fallback tokens <0xXX>) collect into a
- *    run that ends at the next TEXT byte or at flush (the ByteFallback decoder):
+ *    run that ends at the next TEXT feed (even empty) or at flush (the ByteFallback decoder):
  *    a run that is well-formed UTF-8 as a whole is emitted as is, otherwise every
  *    byte of it becomes one U+FFFD. A run longer than COLIBRI_UTF8_RUN_MAX bytes
  *    is decided in pieces of that size at character boundaries (the only case
@@ -103,6 +103,11 @@ COLIBRI_API colibri_status colibri_sample_init(colibri_sampler *s, const colibri
 COLIBRI_API colibri_status colibri_sample_next(colibri_sampler *s, const float *logits, size_t vocab,
                                                const int32_t *recent, size_t n_recent, void *scratch,
                                                size_t scratch_len, int32_t *out);
+
+/* Step 1 alone: out[0..vocab) = logits penalised for the ids in recent (out may be logits:
+ * in place, duplicates in recent still penalised once). */
+COLIBRI_API colibri_status colibri_sample_penalize(const float *logits, size_t vocab, const int32_t *recent,
+                                                   size_t n_recent, float penalty, float *out);
 
 /* 1 when id is one of the sampler's stop ids, else 0. */
 COLIBRI_API int colibri_sample_is_stop(const colibri_sampler *s, int32_t id);

@@ -104,6 +104,38 @@ static void top_k(const float *w, size_t vocab, uint32_t *rank, size_t k)
     }
 }
 
+/* From logits into w: when they differ a repeated id gets the same value again; in place
+ * (logits == w) a repeated id is skipped (n_recent^2 compares: the window is short). */
+static void penalize(const float *logits, const int32_t *recent, size_t n_recent, float penalty, float *w)
+{
+    for (size_t i = 0; i < n_recent; i++) {
+        int seen = 0;
+        for (size_t j = 0; j < i && logits == w && !seen; j++)
+            seen = recent[j] == recent[i];
+        if (seen)
+            continue;
+        float x = logits[recent[i]], y = x > 0.0f ? x / penalty : x * penalty;
+        w[recent[i]] = y > FLT_MAX ? FLT_MAX : y;
+    }
+}
+
+COLIBRI_API colibri_status colibri_sample_penalize(const float *logits, size_t vocab, const int32_t *recent,
+                                                   size_t n_recent, float penalty, float *out)
+{
+    if (!logits || !out || (n_recent && !recent))
+        return COLIBRI_E_NULL;
+    if (!finite(penalty) || !(penalty > 0.0f))
+        return COLIBRI_E_ARG;
+    for (size_t i = 0; i < n_recent; i++)
+        if (recent[i] < 0 || (size_t)recent[i] >= vocab)
+            return COLIBRI_E_TOKEN;
+    if (out != logits)
+        memmove(out, logits, vocab * sizeof *out);
+    if (penalty != 1.0f)
+        penalize(out, recent, n_recent, penalty, out);
+    return COLIBRI_OK;
+}
+
 COLIBRI_API colibri_status colibri_sample_next(colibri_sampler *s, const float *logits, size_t vocab,
                                                const int32_t *recent, size_t n_recent, void *scratch,
                                                size_t scratch_len, int32_t *out)
@@ -128,12 +160,9 @@ COLIBRI_API colibri_status colibri_sample_next(colibri_sampler *s, const float *
     for (size_t i = 0; i < n_recent; i++)
         if (recent[i] < 0 || (size_t)recent[i] >= vocab)
             return COLIBRI_E_TOKEN;
-    /* 1. penalty, from the caller's logits: a repeated id gets the same value again */
+    /* 1. penalty */
     if (p->repeat_penalty != 1.0f)
-        for (size_t i = 0; i < n_recent; i++) {
-            float x = logits[recent[i]], y = x > 0.0f ? x / p->repeat_penalty : x * p->repeat_penalty;
-            w[recent[i]] = y > FLT_MAX ? FLT_MAX : y;
-        }
+        penalize(logits, recent, n_recent, p->repeat_penalty, w);
     /* 2. greedy */
     if (p->temperature == 0.0f) {
         size_t best = 0;
@@ -326,10 +355,10 @@ COLIBRI_API colibri_status colibri_utf8_feed(colibri_utf8 *u, const uint8_t *byt
         || u->n_run > COLIBRI_UTF8_RUN_MAX)
         return COLIBRI_E_ARG;
     size_t o = 0;
+    if (kind == COLIBRI_UTF8_TEXT && u->n_run) /* any text token, even an empty one, ends a run */
+        o = close_run(u, out, o, 1);
     for (size_t i = 0; i < n; i++) {
         if (kind == COLIBRI_UTF8_TEXT) {
-            if (u->n_run)
-                o = close_run(u, out, o, 1);
             o = lossy_byte(u, bytes[i], out, o);
         } else {
             if (u->n_pending) { /* a token's own text ended in an incomplete character */
