@@ -204,8 +204,8 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
     headers = [env.Command(str(out / "include" / h), path, COPY)
-               for h, path in (("colibri.h", str(src / "include/colibri.h")),
-                               ("colibri_sample.h", str(src / "include/colibri_sample.h")), ("model.h", gen["model.h"]))]
+               for h, path in (("colibri.h", str(src / "include/colibri.h")), ("model.h", gen["model.h"]),
+                               ("colibri_sample.h", str(src / "include/colibri_sample.h")))]
     pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), Action(_pkgconfig_action, "GEN    $TARGET"),
                      COLIBRI_MODEL=name)
     exe_flags = ["-static"] if static_exe else []
