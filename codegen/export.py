@@ -87,6 +87,21 @@ def _demo_defaults(ckpt_dir: Path) -> dict:
     return {"prompt": prompt, "generate": generate}
 
 
+def _chat(ckpt_dir: Path) -> dict | None:
+    """tokenizer_config.json's chat template as {"prefix", "suffix"} (codegen/chat.py), None without one.
+    Stored in the manifest; the blob's tokenizer section takes the same two strings once it exists."""
+    from .chat import ChatTemplateError, chat_parts
+
+    path = ckpt_dir / "tokenizer_config.json"
+    try:
+        parts = chat_parts(ckpt_dir)
+    except ChatTemplateError as e:
+        raise ExportError(path, str(e)) from None
+    except (OSError, ValueError) as e:
+        raise ExportError(path, f"unreadable: {e}") from None
+    return parts.to_json() if parts else None
+
+
 def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
@@ -172,6 +187,7 @@ def export(
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
     max_seq, prompt, generate = _validate_options(ckpt_dir, spec, opts)
+    chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
@@ -237,6 +253,7 @@ def export(
             "pruning": pruning,
             "default_prompt": prompt,
             "default_generate": generate,
+            "chat": chat,
             "tensors": rows,
         }
         with unnamed_file(tmp / "manifest.json") as f:

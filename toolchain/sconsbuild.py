@@ -31,7 +31,7 @@ ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
 RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c", "sample.c")
 DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")
+EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json", "tokenizer_config.json")
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
