@@ -112,11 +112,13 @@ def reduce_template(template_src: str, variables: dict[str, str]) -> ChatParts:
 
 def chat_parts(ckpt_dir: Path) -> ChatParts | None:
     """The checkpoint's chat prefix/suffix, None when it has no tokenizer_config.json or no chat_template.
-    Raises ChatTemplateError (the message without the file name) or OSError/ValueError for an unreadable file."""
+    Raises ChatTemplateError (the message without the file name), ExportError for an unreadable file."""
+    from .safeio import read_json
+
     path = Path(ckpt_dir) / "tokenizer_config.json"
     if not path.is_file():
         return None
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = read_json(path, "tokenizer config")
     if not isinstance(config, dict):
         raise ValueError("not a JSON object")
     src = template_text(config)
