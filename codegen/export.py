@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from . import __version__
+from . import __version__, sampling
 from .blob import BlobWriter, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
@@ -80,7 +80,7 @@ def _is_int(v: Any) -> bool:
 
 
 DEMO_FILE = "colibri.json"
-DEMO_KEYS = ("prompt", "generate")
+DEMO_KEYS = ("prompt", "generate", "sampling")
 
 
 def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
@@ -113,6 +113,11 @@ def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
         if not _is_int(generate) or generate < 1:
             raise ExportError(path, f"key 'generate': expected a positive integer, got {_short(generate)}")
         out["generate"] = generate
+    if "sampling" in data:
+        try:
+            out["sampling"] = sampling.validate(data["sampling"], vocab)
+        except ValueError as e:
+            raise ExportError(path, str(e)) from None
     return out
 
 
@@ -137,7 +142,7 @@ def _chat(ckpt_dir: Path) -> dict | None:
     return parts.to_json() if parts else None
 
 
-def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int]:
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int, dict]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -178,7 +183,7 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if len(prompt) + generate > max_seq:
         raise ExportError(ckpt_dir, f"{prompt_from} ({len(prompt)} tokens) + {gen_from} ({generate} tokens) exceed "
                                     f"max_seq {max_seq}, the KV cache positions of the model (--max-seq)")
-    return max_seq, prompt, generate
+    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS))
 
 
 def predict_logit_error(spec: ModelSpec, exact: dict | WeightSource, approx: dict | WeightSource, max_seq: int,
@@ -237,7 +242,7 @@ def export(
     ckpt = open_checkpoint(ckpt_dir)
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
-    max_seq, prompt, generate = _validate_options(ckpt_dir, spec, opts)
+    max_seq, prompt, generate, sample_cfg = _validate_options(ckpt_dir, spec, opts)
     chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
@@ -306,6 +311,7 @@ def export(
             "default_prompt": prompt,
             "default_generate": generate,
             "chat": chat,
+            "default_sampling": sample_cfg,
             "tensors": rows,
         }
         with unnamed_file(tmp / "manifest.json") as f:
@@ -314,6 +320,7 @@ def export(
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
             "prompt": prompt, "generate": generate, "flags": feature_flags(spec),
+            "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))
     return ExportResult(name, Path(out_dir), manifest)
