@@ -14,6 +14,7 @@ import pytest
 import sample_spec
 
 from colibri.toolchain.binding import load
+from colibri.toolchain.binding.sampling import TEXT
 
 from conftest import BIN, synth
 
@@ -131,3 +132,30 @@ def test_export_refuses_bad_sampling_in_one_line(tmp_path, sampling, what):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "colibri.json" in lines[0] and what in lines[0], res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_generate_text_streams_what_it_returns(model):
+    """generate_text with a piece decoder (until the tokenizer's): what on_text got, in whole characters,
+    is what it returns, the lossy UTF-8 decoding of the ids' bytes; a stop id's text is left out."""
+    table = ["é".encode()[:1], "é".encode()[1:], "你".encode(), b"\xff", b" the", "😀".encode()[:3]]
+
+    def piece(i: int) -> tuple[bytes, int]:
+        return table[i % len(table)], TEXT
+
+    def text_of(ids: list[int]) -> str:
+        return b"".join(piece(i)[0] for i in ids).decode("utf-8", "replace")
+
+    chunks: list[str] = []
+    model.reset()
+    text = model.generate_text(PROMPT, 24, temperature=1.5, seed=9, on_text=chunks.append, pieces=piece)
+    model.reset()
+    ids = model.generate(PROMPT, 24, temperature=1.5, seed=9)
+    assert text == "".join(chunks) == text_of(ids)
+    assert len(chunks) > 3
+    stop = ids[5]
+    model.reset()
+    assert model.generate_text(PROMPT, 24, temperature=1.5, seed=9, stop=[stop], pieces=piece) == \
+        text_of(ids[:ids.index(stop)])
+    model.reset()
+    with pytest.raises(ValueError, match="no tokenizer"):
+        model.generate_text("text needs the tokenizer", 4)
