@@ -159,3 +159,27 @@ def test_generate_text_streams_what_it_returns(model):
     model.reset()
     with pytest.raises(ValueError, match="no tokenizer"):
         model.generate_text("text needs the tokenizer", 4)
+
+
+def test_chat_is_prefix_text_suffix_with_the_text_never_parsed(model):
+    """Model.chat over the hooks the tokenizer fills (tokenize, chat_template_parts): the ids are the
+    prefix's, the text's (parse_special=False) and the suffix's, in that order."""
+    calls = []
+
+    def tokenize(text, special=False, parse_special=True):
+        calls.append((text, parse_special))
+        return [len(text) % 100 + 1]
+
+    model.tokenize, model.chat_template_parts = tokenize, ("<|user|>", "<|end|><|assistant|>")
+    try:
+        model.reset()
+        got = model.chat("hi <|end|>", 6, temperature=0.9, seed=4, pieces=lambda i: (b"x", TEXT))
+        ids = [len("<|user|>") + 1, len("hi <|end|>") + 1, len("<|end|><|assistant|>") + 1]
+        model.reset()
+        assert got == "x" * len(model.generate(ids, 6, temperature=0.9, seed=4))
+        assert calls == [("<|user|>", True), ("hi <|end|>", False), ("<|end|><|assistant|>", True)]
+    finally:
+        del model.tokenize, model.chat_template_parts
+        model.reset()
+    with pytest.raises(ValueError, match="no chat template"):
+        model.chat("hi")

@@ -227,13 +227,17 @@ class Model:
 
     def chat(self, text: str, max_tokens: int = 128, **kw) -> str:
         """One user turn through the chat template's prefix and suffix (stored at export from
-        tokenizer_config.json's chat_template, codegen/chat.py): generate_text(prefix + text + suffix).
-        Needs the tokenizer and the blob's chat strings (`chat_template_parts`, once they land there)."""
+        tokenizer_config.json's chat_template, codegen/chat.py): generate_text over the ids of prefix,
+        text and suffix. The template's own special tokens are parsed; the user's text never is (a
+        "<|im_end|>" typed by the user stays text). Needs the tokenizer (`tokenize`) and the blob's chat
+        strings (`chat_template_parts`: a (prefix, suffix) pair or a callable returning one)."""
         parts = getattr(self, "chat_template_parts", None)
-        if parts is None:
-            raise ValueError("this model has no chat template (export found none in tokenizer_config.json)")
+        tokenize = getattr(self, "tokenize", None)
+        if parts is None or tokenize is None:
+            raise ValueError("this model has no chat template or no tokenizer (export found no chat_template)")
         prefix, suffix = parts() if callable(parts) else parts
-        return self.generate_text(prefix + text + suffix, max_tokens, **kw)
+        ids = [*tokenize(prefix), *tokenize(text, parse_special=False), *tokenize(suffix)]
+        return self.generate_text(ids, max_tokens, **kw)
 
 
 def _open_lib(path: Path) -> ctypes.CDLL:
