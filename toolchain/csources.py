@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime_c"
@@ -43,8 +42,6 @@ def abi_major() -> int:
 @cache
 def package_version() -> str:
     """The installed colibri's version (pyproject.toml's), as the pkg-config files state it."""
-    try:
-        return version("colibri")
-    except PackageNotFoundError:  # a checkout used without installing it
-        m = re.search(r'^version = "([^"]+)"', (RUNTIME_DIR.parent / "pyproject.toml").read_text(), re.M)
-        return m.group(1) if m else "0"
+    from colibri.codegen import __version__
+
+    return __version__

@@ -217,8 +217,8 @@ CB_INLINE void cb_dot22(const uint8_t *w0, size_t stride, const float *x0, const
     out[3] = s11;
 }
 
-/* out[0, nr) (nr = 4 or 1): the row dots over columns [0, n) of w, one copy per weight type */
-static void cb_dot_rows(const uint8_t *w, size_t stride, const float *x, size_t n, int dt, size_t nr, float *out)
+/* out[0, nr) (nr = 4 or 1): the dots of nr raw weight rows (no scales) over columns [0, n), one copy per weight type */
+static void cb_raw_row_dots(const uint8_t *w, size_t stride, const float *x, size_t n, int dt, size_t nr, float *out)
 {
     if (nr == 4) {
         if (dt == CB_I8)
@@ -234,11 +234,11 @@ static void cb_dot_rows(const uint8_t *w, size_t stride, const float *x, size_t 
 }
 
 /* dot[i] = cb_row_dot(t, r + i, x) for i < nr, up to summation order */
-static void cb_rows_dot(const cb_tensor *t, size_t r, size_t nr, const float *x, float *dot)
+static void cb_tensor_row_dots(const cb_tensor *t, size_t r, size_t nr, const float *x, float *dot)
 {
     const uint8_t *row = t->data + r * t->row_stride;
     if (t->dtype == CB_F32 || t->dtype == CB_F16) {
-        cb_dot_rows(row, t->row_stride, x, t->cols, t->dtype, nr, dot);
+        cb_raw_row_dots(row, t->row_stride, x, t->cols, t->dtype, nr, dot);
         return;
     }
     float part[4];
@@ -246,14 +246,14 @@ static void cb_rows_dot(const cb_tensor *t, size_t r, size_t nr, const float *x,
         dot[i] = 0.0f;
     for (size_t g = 0, c = 0; g < t->n_groups; g++, c += t->group_size) {
         size_t n = t->cols - c < t->group_size ? t->cols - c : t->group_size;
-        cb_dot_rows(row + c, t->row_stride, x + c, n, CB_I8, nr, part);
+        cb_raw_row_dots(row + c, t->row_stride, x + c, n, CB_I8, nr, part);
         for (size_t i = 0; i < nr; i++)
             dot[i] += cb_scale(t, r + i, g) * part[i];
     }
 }
 
-/* dot[2i + j] = cb_row_dot(t, r + i, x_j) for i < 2, j < 2, up to summation order, as cb_rows_dot */
-static void cb_rows_dot22(const cb_tensor *t, size_t r, const float *x0, const float *x1, float *dot)
+/* dot[2i + j] = cb_row_dot(t, r + i, x_j) for i < 2, j < 2, up to summation order, as cb_tensor_row_dots */
+static void cb_tensor_row_dots22(const cb_tensor *t, size_t r, const float *x0, const float *x1, float *dot)
 {
     const uint8_t *row = t->data + r * t->row_stride;
     if (t->dtype == CB_F32 || t->dtype == CB_F16) {
@@ -292,7 +292,7 @@ static void cb_matmul_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, co
         size_t j = 0;
         if (nr == 2)
             for (; j + 2 <= n; j += 2) {
-                cb_rows_dot22(t, r, x[j], x[j + 1], dot);
+                cb_tensor_row_dots22(t, r, x[j], x[j + 1], dot);
                 for (size_t i = 0; i < 2; i++)
                     for (size_t k = 0; k < 2; k++)
                         next = cb_finish(t, start[i], r + i, x[j + k], dot[2 * i + k], alpha[j + k], y[j + k],
@@ -300,10 +300,10 @@ static void cb_matmul_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, co
             }
         for (; j < n; j++) {
             if (nr == 4) {
-                cb_rows_dot(t, r, 4, x[j], dot);
+                cb_tensor_row_dots(t, r, 4, x[j], dot);
             } else {
                 for (size_t i = 0; i < nr; i++)
-                    cb_rows_dot(t, r + i, 1, x[j], dot + i);
+                    cb_tensor_row_dots(t, r + i, 1, x[j], dot + i);
             }
             for (size_t i = 0; i < nr; i++)
                 next = cb_finish(t, start[i], r + i, x[j], dot[i], alpha[j], y[j], accumulate);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..csources import RUNTIME_SRC
 from ..targets import ROOT
 from .elf import CompileUnit, ElfImage, Section, Symbol
 from .regions import MemoryRegion, is_stack_section, section_role
@@ -30,7 +31,7 @@ CATEGORIES = {
     "metadata": "ELF/linker metadata",
     "unattributed": "padding/unattributed",
 }
-RUNTIME_FILES = {"blob.c", "forward.c", "kernels.c", "kernels_q8.c", "cbmath.c"}
+RUNTIME_FILES = set(RUNTIME_SRC)
 GENERATED_FILES = {"model.c", "model_blob.S", "model.h"}
 TOOLCHAIN_MARKERS = ("newlib", "libgloss", "libgcc", "glibc", "sysdeps", "picolibc", "musl", "compiler-rt",
                      "/csu/", "/usr/")
