@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from . import __version__
+from . import __version__, sampling
 from .blob import BlobWriter, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
@@ -80,7 +80,7 @@ def _is_int(v: Any) -> bool:
 
 
 DEMO_FILE = "colibri.json"
-DEMO_KEYS = ("prompt", "generate")
+DEMO_KEYS = ("prompt", "generate", "sampling")
 
 
 def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
@@ -113,6 +113,11 @@ def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
         if not _is_int(generate) or generate < 1:
             raise ExportError(path, f"key 'generate': expected a positive integer, got {_short(generate)}")
         out["generate"] = generate
+    if "sampling" in data:
+        try:
+            out["sampling"] = sampling.validate(data["sampling"], vocab)
+        except ValueError as e:
+            raise ExportError(path, str(e)) from None
     return out
 
 
@@ -122,7 +127,22 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int]:
+def _chat(ckpt_dir: Path) -> dict | None:
+    """tokenizer_config.json's chat template as {"prefix", "suffix"} (codegen/chat.py), None without one.
+    Stored in the manifest; the blob's tokenizer section takes the same two strings once it exists."""
+    from .chat import ChatTemplateError, chat_parts
+
+    path = ckpt_dir / "tokenizer_config.json"
+    try:
+        parts = chat_parts(ckpt_dir)
+    except ChatTemplateError as e:
+        raise ExportError(path, str(e)) from None
+    except (OSError, ValueError) as e:
+        raise ExportError(path, f"unreadable: {e}") from None
+    return parts.to_json() if parts else None
+
+
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int, dict]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -163,7 +183,7 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if len(prompt) + generate > max_seq:
         raise ExportError(ckpt_dir, f"{prompt_from} ({len(prompt)} tokens) + {gen_from} ({generate} tokens) exceed "
                                     f"max_seq {max_seq}, the KV cache positions of the model (--max-seq)")
-    return max_seq, prompt, generate
+    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS))
 
 
 def predict_logit_error(spec: ModelSpec, exact: dict | WeightSource, approx: dict | WeightSource, max_seq: int,
@@ -222,7 +242,8 @@ def export(
     ckpt = open_checkpoint(ckpt_dir)
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
-    max_seq, prompt, generate = _validate_options(ckpt_dir, spec, opts)
+    max_seq, prompt, generate, sample_cfg = _validate_options(ckpt_dir, spec, opts)
+    chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
@@ -289,6 +310,8 @@ def export(
             "pruning": pruning,
             "default_prompt": prompt,
             "default_generate": generate,
+            "chat": chat,
+            "default_sampling": sample_cfg,
             "tensors": rows,
         }
         with unnamed_file(tmp / "manifest.json") as f:
@@ -297,6 +320,7 @@ def export(
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
             "prompt": prompt, "generate": generate, "flags": feature_flags(spec),
+            "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))
     return ExportResult(name, Path(out_dir), manifest)

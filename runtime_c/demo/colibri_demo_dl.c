@@ -48,6 +48,13 @@ int main(int argc, char **argv)
     LOOKUP(lib, "colibri_info", api.info, ok);
     LOOKUP(lib, "colibri_strerror", api.strerror, ok);
     LOOKUP(lib, "colibri_set_parallel", api.set_parallel, ok);
+    LOOKUP(lib, "colibri_sample_init", api.sample_init, ok);
+    LOOKUP(lib, "colibri_sample_next", api.sample_next, ok);
+    LOOKUP(lib, "colibri_sample_is_stop", api.sample_is_stop, ok);
+    LOOKUP(lib, "colibri_utf8_feed", api.utf8_feed, ok);
+    LOOKUP(lib, "colibri_utf8_flush", api.utf8_flush, ok);
+    api.token_piece = NULL;
+    api.piece_user = NULL;
     LOOKUP(lib, "colibri_model_blob", model_blob, ok);
     if (!ok)
         return demo_io_error(PROG, a.model, "not a colibri model library (a colibri_* entry point is missing)");

@@ -18,7 +18,9 @@
 
 static void demo_usage(FILE *f, const char *prog, int want_model)
 {
-    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]\n", prog,
+    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]\n"
+               "       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
+               "       [--repeat-last-n N] [--seed S] [--stop 2,5] [--chat TEXT]\n", prog,
             want_model ? " MODEL.bin" : "");
 }
 
@@ -61,9 +63,106 @@ static int demo_tokens(const char *s, int32_t *out, size_t *n)
     }
 }
 
+/* A finite float in [lo, hi] (lo excluded when open_lo) filling the whole of s. */
+static int demo_float(const char *s, float lo, float hi, int open_lo, float *out)
+{
+    char *e;
+    errno = 0;
+    float v = strtof(s, &e);
+    if (e == s || *e != '\0' || errno == ERANGE || !(v >= lo && v <= hi) || (open_lo && v == lo))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* A decimal unsigned 64-bit integer filling the whole of s. */
+static int demo_u64(const char *s, uint64_t *out)
+{
+    char *e;
+    errno = 0;
+    if (*s < '0' || *s > '9')
+        return 0;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (*e != '\0' || errno == ERANGE || v > UINT64_MAX)
+        return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+/* The flag arg names (a value flag: "--name" or "--name=value"). */
+static int demo_is(const char *arg, size_t name_len, const char *name)
+{
+    return name_len == strlen(name) && strncmp(arg, name, name_len) == 0;
+}
+
+static const char *const DEMO_VALUE_FLAGS[] = {"--tokens", "--generate", "--threads", "--temperature", "--top-k",
+                                               "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
+                                               "--stop", "--chat"};
+
+/* The sampling flags; 1 when arg was one (its error, if any, in *rc), else 0. */
+static int demo_sample_flag(const char *arg, size_t name_len, const char *value, const char *prog, int want_model,
+                            demo_args *a, int *rc)
+{
+    colibri_sample_params *p = &a->sample;
+    const char *end;
+    long v;
+    *rc = DEMO_CONTINUE;
+    if (demo_is(arg, name_len, "--temperature")) {
+        if (!demo_float(value, 0.0f, 1e30f, 0, &p->temperature))
+            *rc = demo_bad(prog, want_model, "--temperature wants a number >= 0 (0: greedy)", value);
+    } else if (demo_is(arg, name_len, "--top-k")) {
+        if (!demo_long(value, &end, 0, 2147483647L, &v) || *end != '\0')
+            *rc = demo_bad(prog, want_model, "--top-k wants a count >= 0 (0: off)", value);
+        else
+            p->top_k = (uint32_t)v;
+    } else if (demo_is(arg, name_len, "--top-p")) {
+        if (!demo_float(value, 0.0f, 1.0f, 0, &p->top_p))
+            *rc = demo_bad(prog, want_model, "--top-p wants a number in [0, 1] (1: off)", value);
+    } else if (demo_is(arg, name_len, "--min-p")) {
+        if (!demo_float(value, 0.0f, 1.0f, 0, &p->min_p))
+            *rc = demo_bad(prog, want_model, "--min-p wants a number in [0, 1] (0: off)", value);
+    } else if (demo_is(arg, name_len, "--repeat-penalty")) {
+        if (!demo_float(value, 0.0f, 1e30f, 1, &p->repeat_penalty))
+            *rc = demo_bad(prog, want_model, "--repeat-penalty wants a number > 0 (1: off)", value);
+    } else if (demo_is(arg, name_len, "--repeat-last-n")) {
+        if (!demo_long(value, &end, 0, LONG_MAX, &a->repeat_last_n) || *end != '\0')
+            *rc = demo_bad(prog, want_model, "--repeat-last-n wants a count >= 0", value);
+    } else if (demo_is(arg, name_len, "--seed")) {
+        if (!demo_u64(value, &p->seed))
+            *rc = demo_bad(prog, want_model, "--seed wants an integer in [0, 2^64)", value);
+    } else if (demo_is(arg, name_len, "--stop")) {
+        size_t n;
+        if (!demo_tokens(value, NULL, &n) || n > DEMO_MAX_STOP)
+            *rc = demo_bad(prog, want_model, "--stop wants at most 64 comma-separated token ids", value);
+        else {
+            demo_tokens(value, a->stop, &n);
+            p->n_stop = n;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 int demo_parse(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
                size_t n_default, long default_generate, demo_args *a)
 {
+    return demo_parse_sampled(argc, argv, prog, want_model, default_tokens, n_default, default_generate, NULL, a);
+}
+
+int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
+                       size_t n_default, long default_generate, const colibri_sample_params *default_sample,
+                       demo_args *a)
+{
+    static const colibri_sample_params greedy = {0.0f, 0u, 1.0f, 0.0f, 1.0f, 0u, NULL, 0u}; /* the defaults */
+    a->sample = default_sample ? *default_sample : greedy;
+    if (a->sample.n_stop > DEMO_MAX_STOP)
+        a->sample.n_stop = DEMO_MAX_STOP;
+    if (a->sample.n_stop)
+        memcpy(a->stop, a->sample.stop_ids, a->sample.n_stop * sizeof *a->stop);
+    a->sample.stop_ids = a->stop;
+    a->repeat_last_n = DEMO_REPEAT_LAST_N;
+    a->chat = NULL;
     a->model = NULL;
     a->tokens_text = NULL;
     a->default_tokens = default_tokens;
@@ -71,6 +170,7 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
     a->generate = default_generate;
     a->threads = 1;
     a->print_logits = 0;
+    int rc;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value = NULL, *end;
         /* --tokens and --generate take a value, as the next argument or after '=' */
@@ -79,7 +179,10 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
         int is_tokens = name_len == 8 && strncmp(arg, "--tokens", 8) == 0;
         int is_generate = name_len == 10 && strncmp(arg, "--generate", 10) == 0;
         int is_threads = name_len == 9 && strncmp(arg, "--threads", 9) == 0;
-        if (is_tokens || is_generate || is_threads) {
+        int takes_value = 0;
+        for (size_t f = 0; f < sizeof DEMO_VALUE_FLAGS / sizeof *DEMO_VALUE_FLAGS; f++)
+            takes_value |= demo_is(arg, name_len, DEMO_VALUE_FLAGS[f]);
+        if (takes_value) {
             if (arg[name_len] == '=')
                 value = arg + name_len + 1;
             else if (i + 1 < argc)
@@ -102,6 +205,11 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
         } else if (is_threads) {
             if (!demo_long(value, &end, 1, DEMO_MAX_THREADS, &a->threads) || *end != '\0')
                 return demo_bad(prog, want_model, "--threads wants a count in [1, 64]", value);
+        } else if (demo_is(arg, name_len, "--chat")) {
+            a->chat = value;
+        } else if (demo_sample_flag(arg, name_len, value, prog, want_model, a, &rc)) {
+            if (rc != DEMO_CONTINUE)
+                return rc;
         } else if (want_model && !a->model && arg[0] != '-') {
             a->model = arg;
         } else {
@@ -158,15 +266,6 @@ int demo_start(const demo_api *api, const void *blob, size_t blob_len, const dem
     return demo_run(api, ctx, a, NULL, 0, logits, logits + info.vocab, info.vocab, prog, name);
 }
 
-static int32_t demo_argmax(const float *v, size_t n) /* the first of equal maxima, as numpy's argmax */
-{
-    size_t best = 0;
-    for (size_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return (int32_t)best;
-}
-
 static double demo_now(void)
 {
     struct timespec t;
@@ -174,11 +273,62 @@ static double demo_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The ids the repetition penalty looks at: the last repeat_last_n of prompt + generated. */
+typedef struct demo_window {
+    int32_t ids[256];
+    size_t n, cap;
+} demo_window;
+
+static void demo_window_push(demo_window *w, int32_t id)
+{
+    if (w->cap == 0)
+        return;
+    if (w->n == w->cap) {
+        memmove(w->ids, w->ids + 1, (w->cap - 1) * sizeof *w->ids);
+        w->n--;
+    }
+    w->ids[w->n++] = id;
+}
+
+/* Streams the text of the ids as they come (api->token_piece), whole characters only. */
+typedef struct demo_text {
+    colibri_utf8 utf8;
+    uint8_t piece[DEMO_PIECE_MAX];
+    uint8_t out[COLIBRI_UTF8_OUT_MAX(DEMO_PIECE_MAX)];
+} demo_text;
+
+static void demo_text_put(const demo_api *api, demo_text *t, int32_t id, int final)
+{
+    size_t len = 0, n_out = 0;
+    colibri_utf8_kind kind = COLIBRI_UTF8_TEXT;
+    if (final)
+        api->utf8_flush(&t->utf8, t->out, sizeof t->out, &n_out);
+    else if (api->token_piece(api->piece_user, id, t->piece, sizeof t->piece, &len, &kind) == 0)
+        api->utf8_feed(&t->utf8, t->piece, len, kind, t->out, sizeof t->out, &n_out);
+    fwrite(t->out, 1, n_out, stdout);
+    fflush(stdout);
+}
+
 static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args *a, const int32_t *tokens,
                          float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
+    static demo_window window;
+    static demo_text text;
+    static int32_t generated[4096];
+    colibri_sampler sampler;
+    colibri_status st = api->sample_init(&sampler, &a->sample);
+    if (st != COLIBRI_OK)
+        return demo_fail(api, prog, name, st);
+    void *scratch = demo_map_anon(COLIBRI_SAMPLE_SCRATCH_BYTES(vocab));
+    if (!scratch)
+        return demo_io_error(prog, name, "cannot map the sampler's scratch");
+    window.n = 0;
+    window.cap = (size_t)a->repeat_last_n < sizeof window.ids / sizeof *window.ids
+                     ? (size_t)a->repeat_last_n : sizeof window.ids / sizeof *window.ids;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        demo_window_push(&window, tokens[i]);
     double t_prefill = demo_now();
-    colibri_status st = api->forward(ctx, tokens, a->n_tokens, logits, vocab);
+    st = api->forward(ctx, tokens, a->n_tokens, logits, vocab);
     t_prefill = demo_now() - t_prefill;
     if (st != COLIBRI_OK)
         return demo_fail(api, prog, name, st);
@@ -186,13 +336,34 @@ static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args 
 
     /* token i comes from the logits of token i-1, so n tokens take n-1 decode steps */
     double seconds = 0.0;
-    long steps = 0;
-    printf("tokens: ");
+    long steps = 0, n_gen = 0;
+    int streaming = api->token_piece != NULL;
+    if (streaming) {
+        memset(&text.utf8, 0, sizeof text.utf8); /* colibri_utf8_init */
+        printf("text: ");
+    } else {
+        printf("tokens: ");
+    }
     for (long i = 0; i < a->generate; i++) {
-        int32_t next = demo_argmax(logits, vocab);
-        printf(i ? ",%ld" : "%ld", (long)next);
-        fflush(stdout);
-        if (i + 1 == a->generate)
+        int32_t next;
+        st = api->sample_next(&sampler, logits, vocab, window.ids, a->sample.repeat_penalty != 1.0f ? window.n : 0,
+                              scratch, COLIBRI_SAMPLE_SCRATCH_BYTES(vocab), &next);
+        if (st != COLIBRI_OK) {
+            printf("\n");
+            return demo_fail(api, prog, name, st);
+        }
+        demo_window_push(&window, next);
+        int stop = api->sample_is_stop(&sampler, next);
+        if (streaming) {
+            if ((size_t)n_gen < sizeof generated / sizeof *generated)
+                generated[n_gen++] = next;
+            if (!stop)
+                demo_text_put(api, &text, next, 0);
+        } else {
+            printf(i ? ",%ld" : "%ld", (long)next);
+            fflush(stdout);
+        }
+        if (stop || i + 1 == a->generate)
             break;
         double t0 = demo_now();
         st = api->forward(ctx, &next, 1, logits, vocab);
@@ -202,6 +373,12 @@ static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args 
             printf("\n");
             return demo_fail(api, prog, name, st);
         }
+    }
+    if (streaming) {
+        demo_text_put(api, &text, 0, 1);
+        printf("\ntokens: ");
+        for (long i = 0; i < n_gen; i++)
+            printf(i ? ",%ld" : "%ld", (long)generated[i]);
     }
     printf("\ntok/s: %.2f\n", seconds > 0.0 ? (double)steps / seconds : 0.0);
     printf("prefill tok/s: %.2f\n", t_prefill > 0.0 ? (double)a->n_tokens / t_prefill : 0.0);
@@ -390,6 +567,8 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t 
              float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
     int rc = 0;
+    if (a->chat) /* the chat prefix/suffix come with the tokenizer section of the blob */
+        return demo_bad_input(prog, name, "--chat needs the model's tokenizer and chat template (none in this build)");
     const int32_t *tokens = demo_prompt(api, ctx, a, token_buf, token_cap, prog, name, &rc);
     if (!tokens)
         return rc;

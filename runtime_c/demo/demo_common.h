@@ -3,12 +3,20 @@
  * runtime, model file) and colibri_demo (embedded model):
  *
  *   [MODEL.bin] [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]
+ *       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]
+ *       [--repeat-last-n N] [--seed S] [--stop 2,5]
  *
  * prints "tokens: a,b,c" (the generated ids), "tok/s: X" (decode rate),
  * "prefill tok/s: X" (the prompt's one forward) and, with --print-logits,
  * "logits: v0,v1,..." of the prompt's last position. --threads N (default 1)
  * runs the matrix products on N threads through colibri_set_parallel: a pool
  * of N - 1 pthreads and the caller; the results are the same bit for bit.
+ * The sampling flags are colibri_sample.h's (the defaults: greedy, or for
+ * colibri_demo the sampling chosen at export); the repetition penalty looks at
+ * the last N ids (--repeat-last-n, default 64, at most 256, the prompt's included); a stop
+ * id ends the generation (printed as the last id). The same flags and seed give
+ * the same ids on every target. --chat TEXT runs one user turn through the
+ * model's chat template: it needs the tokenizer (refused, exit 2, without).
  * The prompt and the tokens to generate must fit the model's max_seq positions
  * (N prompt tokens + G generated take N + G - 1): more is refused before any
  * forward pass, never cut.
@@ -23,6 +31,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "colibri_sample.h"
 
 #define DEMO_CONTINUE (-1)
 
@@ -34,11 +43,28 @@ typedef struct demo_api {
     colibri_status (*info)(const colibri_ctx *ctx, colibri_model_info *info);
     const char *(*strerror)(colibri_status status);
     colibri_status (*set_parallel)(colibri_ctx *ctx, colibri_parallel_for_fn fn, void *user, size_t n_tasks);
+    colibri_status (*sample_init)(colibri_sampler *s, const colibri_sample_params *p);
+    colibri_status (*sample_next)(colibri_sampler *s, const float *logits, size_t vocab, const int32_t *recent,
+                                  size_t n_recent, void *scratch, size_t scratch_len, int32_t *out);
+    int (*sample_is_stop)(const colibri_sampler *s, int32_t id);
+    colibri_status (*utf8_feed)(colibri_utf8 *u, const uint8_t *bytes, size_t n, colibri_utf8_kind kind,
+                                uint8_t *out, size_t cap, size_t *out_len);
+    colibri_status (*utf8_flush)(colibri_utf8 *u, uint8_t *out, size_t cap, size_t *out_len);
+    /* Streaming text (NULL: ids only): the bytes of one id into buf (cap bytes) and their kind, 0 on
+     * success. The tokenizer's decode-one-id fills it; the demo then prints "text: ..." as the ids
+     * come, through colibri_utf8 (whole characters only), before the "tokens:" line. */
+    int (*token_piece)(void *user, int32_t id, uint8_t *buf, size_t cap, size_t *len, colibri_utf8_kind *kind);
+    void *piece_user;
 } demo_api;
 
 #define DEMO_LINKED_API \
-    {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror, colibri_set_parallel}
+    {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror, colibri_set_parallel, \
+     colibri_sample_init, colibri_sample_next, colibri_sample_is_stop, colibri_utf8_feed, colibri_utf8_flush, \
+     NULL, NULL}
 #define DEMO_MAX_THREADS 64
+#define DEMO_MAX_STOP 64
+#define DEMO_REPEAT_LAST_N 64
+#define DEMO_PIECE_MAX 256 /* bytes of one token's text */
 
 typedef struct demo_args {
     const char *model;          /* MODEL.bin, when the program takes one */
@@ -48,6 +74,10 @@ typedef struct demo_args {
     long generate;
     long threads;
     int print_logits;
+    colibri_sample_params sample; /* stop_ids points at stop */
+    int32_t stop[DEMO_MAX_STOP];
+    long repeat_last_n;
+    const char *chat; /* --chat TEXT: one user turn through the model's chat template */
 } demo_args;
 
 /* Fills a from argv (defaults first). Returns DEMO_CONTINUE, or the exit
@@ -55,8 +85,13 @@ typedef struct demo_args {
 int demo_parse(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
                size_t n_default, long default_generate, demo_args *a);
 
+/* demo_parse with default sampling parameters (NULL: greedy) the flags override. */
+int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
+                       size_t n_default, long default_generate, const colibri_sample_params *default_sample,
+                       demo_args *a);
+
 /* Checks that the prompt and the generation fit the model's max_seq, then the
- * prefill of the prompt and greedy decoding; prints the results. The --tokens
+ * prefill of the prompt and decoding with the sampler; prints the results. The --tokens
  * ids are read into token_buf (token_cap ids, sized by the program from its
  * model), or, when token_buf is NULL, into a mapping of exactly their number.
  * logits and prompt_logits each hold vocab floats. Returns the exit status. */

@@ -4,6 +4,8 @@
     m = load("build/host/<model>/libcolibri_<model>.so")   # weights linked in
     m = load("build/host/<model>/model.bin")                # generic libcolibri.so beside it
     logits = m.forward([3, 17, 42]); m.generate([3, 17, 42], 16); m.reset()
+    m.generate([3, 17, 42], 16, temperature=0.8, top_k=40, seed=7)          # the C sampler (colibri_sample.h)
+    m.generate_text([3, 17, 42], 16, on_text=print, pieces=my_piece_decoder) # streamed, never a split character
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from pathlib import Path
 
 import numpy as np
+
+from .sampling import REPEAT_WINDOW, PieceDecoder, SampleError, Sampler, Utf8Stream
 
 ALIGN = 64
 
@@ -153,20 +157,87 @@ class Model:
     def reset(self) -> None:
         self._check(self._lib.colibri_reset(self._ctx))
 
-    def generate(self, tokens: Sequence[int], n: int) -> list[int]:
-        """Greedy: prefill tokens, then n new ids (returned without the prompt)."""
+    def generate(self, tokens: Sequence[int], n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, repeat_penalty: float = 1.0, seed: int = 0, stop: Sequence[int] | None = None,
+                 on_token: Callable[[int], None] | None = None, repeat_window: int = REPEAT_WINDOW) -> list[int]:
+        """Prefill tokens, then up to n new ids (returned without the prompt) drawn by the C sampler
+        (colibri_sample.h; the defaults are greedy: argmax, the first of equal maxima). The repetition
+        penalty looks at the last `repeat_window` ids, prompt included. A stop id ends the generation
+        and is the last id returned. on_token gets each id as it is drawn."""
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
             raise TypeError(f"n: a {type(n).__name__}, not a count of tokens")
         if n < 0:
             raise ValueError(f"n = {n}: a count of tokens is >= 0")
+        sampler = Sampler(self._lib, self.vocab, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+        history = [int(t) for t in token_ids(tokens)]
         out: list[int] = []
         logits = self.forward(tokens)
         for i in range(n):
-            nxt = int(np.argmax(logits))
+            recent = history[-repeat_window:] if repeat_penalty != 1.0 and repeat_window > 0 else []
+            nxt = sampler.next(logits, recent)
             out.append(nxt)
-            if i + 1 < n:
-                logits = self.forward([nxt])
+            history.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
+            if nxt in sampler.stop or i + 1 == n:
+                break
+            logits = self.forward([nxt])
         return out
+
+    def _pieces(self, pieces: PieceDecoder | None) -> PieceDecoder:
+        """The piece decoder: the given one, else the model's tokenizer's (token_piece, once the blob has one)."""
+        found = pieces or getattr(self, "token_piece", None)
+        if found is None:
+            raise ValueError("this model has no tokenizer: pass pieces= (a callable id -> (bytes, kind))")
+        return found
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            tokenize = getattr(self, "tokenize", None)
+            if tokenize is None:
+                raise ValueError("this model has no tokenizer: give the prompt as token ids")
+            return list(tokenize(prompt))
+        return [int(t) for t in prompt]
+
+    def generate_text(self, prompt: str | Sequence[int], max_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                      top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0, seed: int = 0,
+                      stop: Sequence[int] | None = None, on_text: Callable[[str], None] | None = None,
+                      pieces: PieceDecoder | None = None) -> str:
+        """generate(), decoded: the text of the new ids (a stop id's own text left out), streamed to on_text
+        in whole characters as it is produced (sampling.Utf8Stream). prompt: text (needs the model's
+        tokenizer) or token ids."""
+        decode, stream, parts = self._pieces(pieces), Utf8Stream(), []
+        stop_ids = frozenset(int(t) for t in stop or [])
+
+        def emit(text: str) -> None:
+            if text:
+                parts.append(text)
+                if on_text is not None:
+                    on_text(text)
+
+        def on_token(tok: int) -> None:
+            if tok not in stop_ids:
+                data, kind = decode(tok)
+                emit(stream.feed(data, kind))
+
+        self.generate(self._prompt_ids(prompt), max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed,
+                      stop, on_token)
+        emit(stream.flush())
+        return "".join(parts)
+
+    def chat(self, text: str, max_tokens: int = 128, **kw) -> str:
+        """One user turn through the chat template's prefix and suffix (stored at export from
+        tokenizer_config.json's chat_template, codegen/chat.py): generate_text over the ids of prefix,
+        text and suffix. The template's own special tokens are parsed; the user's text never is (a
+        "<|im_end|>" typed by the user stays text). Needs the tokenizer (`tokenize`) and the blob's chat
+        strings (`chat_template_parts`: a (prefix, suffix) pair or a callable returning one)."""
+        parts = getattr(self, "chat_template_parts", None)
+        tokenize = getattr(self, "tokenize", None)
+        if parts is None or tokenize is None:
+            raise ValueError("this model has no chat template or no tokenizer (export found no chat_template)")
+        prefix, suffix = parts() if callable(parts) else parts
+        ids = [*tokenize(prefix), *tokenize(text, parse_special=False), *tokenize(suffix)]
+        return self.generate_text(ids, max_tokens, **kw)
 
 
 def _open_lib(path: Path) -> ctypes.CDLL:
@@ -204,4 +275,4 @@ def load(path: str | os.PathLike, runtime: str | os.PathLike | None = None) -> M
     return Model(lib, view.ctypes.data, view.size, keepalive=(lib, mm, view))
 
 
-__all__ = ["ColibriError", "Model", "TokenError", "load", "token_ids"]
+__all__ = ["ColibriError", "Model", "SampleError", "Sampler", "TokenError", "Utf8Stream", "load", "token_ids"]

@@ -97,7 +97,8 @@ def linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: b
     lib_a, lib_so, generic_so, generic_objs = _libraries(env, t, name, gen, out, objs)
     demo, run, demo_dl = _programs(env, gen, out, objs, lib_a, generic_objs, static_exe)
     headers = [copy(env, out / "include/colibri.h", file_node(env, RUNTIME_DIR / "include/colibri.h")),
-               copy(env, out / "include/model.h", gen["model.h"])]
+               copy(env, out / "include/model.h", gen["model.h"]),
+               copy(env, out / "include/colibri_sample.h", file_node(env, RUNTIME_DIR / "include/colibri_sample.h"))]
     pc = env.Command(file_node(env, out / f"colibri_{name}.pc"), Value(name),
                      Action(_pkgconfig_action, "GEN    $TARGET"))
     files = [copy(env, out / "model.bin", gen["model.bin"]), copy(env, out / "manifest.json", gen["manifest.json"])]
