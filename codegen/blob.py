@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .layout import LAYOUTS, is_q8, tile, tile_scales
+from .layout import INT4_DTYPES, LAYOUTS, int4_row_bytes, is_q8, pack_int4, tile, tile_scales
 from .plan import ArenaPlan, align_up
 from .quantize import QuantTensor, encode_outliers
 from .spec import ModelSpec
@@ -23,6 +23,7 @@ MAGIC = 0x52424C43
 VERSION_MAJOR = 1
 VERSION_MINOR = 1  # written only when a 1.1 feature is used; a blob without one stays 1.0, byte for byte
 VERSION_MINOR_Q8 = 2  # integer matmuls (an xq buffer, maybe tiled weights): always written as 1.2
+VERSION_MINOR_INT4 = 3  # int4/int4c tensors (dtypes 5, 6): written as 1.3
 HEADER_FIXED = 256
 ENTRY_BYTES = 64
 ALIGN = 64
@@ -68,8 +69,8 @@ KINDS = {
     "mlp.down": 25,
     "mlp.up": 26,
 }
-DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4}
-ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}
+DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6}
+ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}  # int4: two a byte (layout.pack_int4)
 SCALE_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2}
 
 _HEADER = struct.Struct("<IHHIIQII" + "I" * 11 + "ff" + "IQ" + "Q" * 11)
@@ -115,8 +116,8 @@ def feature_flags(spec: ModelSpec) -> int:
             | (FLAG_ROUTED_SCALE if spec.routed_scale != 1.0 else 0))
 
 
-def format_version(spec: ModelSpec, plan: ArenaPlan) -> str:
-    return f"{VERSION_MAJOR}.{format_minor(spec, plan)}"
+def format_version(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> str:
+    return f"{VERSION_MAJOR}.{format_minor(spec, plan, int4)}"
 
 
 def dense_bitmap(spec: ModelSpec) -> bytes:
@@ -130,7 +131,9 @@ def header_bytes(n_tensors: int) -> int:
     return align_up(HEADER_FIXED + ENTRY_BYTES * n_tensors, ALIGN)
 
 
-def format_minor(spec: ModelSpec, plan: ArenaPlan) -> int:
+def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> int:
+    if int4:
+        return VERSION_MINOR_INT4
     if plan.buffers[-1].name == "xq":
         return VERSION_MINOR_Q8
     return VERSION_MINOR if feature_flags(spec) & ~FLAG_TIED else 0
@@ -145,6 +148,7 @@ class BlobWriter:
         self.pos = self.header_bytes
         self.entries: list[bytes] = []
         self.records: list[TensorRecord] = []
+        self.int4 = False  # an int4/int4c tensor was written: format 1.3
         f.seek(self.pos)
 
     def _put(self, arr: np.ndarray) -> int:
@@ -157,12 +161,16 @@ class BlobWriter:
 
     def add(self, name: str, qt: QuantTensor) -> None:
         kind, layer, expert = kind_of(name)
-        esize = ELEM_BYTES[qt.dtype]
-        stride = align_up(qt.cols * esize, ROW_ALIGN)
         data = qt.data.reshape(qt.rows, qt.cols)
         scales = qt.scales
-        tiled = self.layout == "tiled16" and is_q8(qt.dtype, qt.cols, qt.group_size)
-        if tiled:
+        int4 = qt.dtype in INT4_DTYPES
+        self.int4 |= int4
+        esize = 1 if int4 else ELEM_BYTES[qt.dtype]
+        stride = int4_row_bytes(qt.cols) if int4 else align_up(qt.cols * esize, ROW_ALIGN)
+        tiled = not int4 and self.layout == "tiled16" and is_q8(qt.dtype, qt.cols, qt.group_size)
+        if int4:
+            data = pack_int4(data)
+        elif tiled:
             data, scales = tile(data), tile_scales(scales)
         elif stride != qt.cols * esize:
             padded = np.zeros((qt.rows, stride // esize), dtype=data.dtype)
@@ -196,8 +204,10 @@ class BlobWriter:
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
         flags = feature_flags(spec)
-        minor = format_minor(spec, plan)
-        xq = plan.buffers[-1].offset if minor == VERSION_MINOR_Q8 else 0
+        minor = format_minor(spec, plan, self.int4)
+        xq = plan.buffers[-1].offset if plan.buffers[-1].name == "xq" else 0
+        if self.int4 and not xq:
+            raise AssertionError("int4 tensors need the integer-matmul plan (an xq buffer)")
         table = [b for b in plan.buffers if b.name != "xq"]
         header = _HEADER.pack(
             MAGIC, VERSION_MAJOR, minor, 0, self.header_bytes, blob_bytes, self.n_tensors,

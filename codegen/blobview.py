@@ -11,10 +11,11 @@ import struct
 import numpy as np
 
 from .blob import DTYPES, ELEM_BYTES, HEADER_FIXED, TABLE_ENTRY
-from .layout import LAYOUTS, is_q8, padded_rows, untile, untile_scales
+from .layout import INT4_DTYPES, LAYOUTS, is_q8, padded_rows, unpack_int4, untile, untile_scales
 from .spec import ModelSpec, canonical_shape
 
-_NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1")}
+_NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1"),
+             "int4": np.dtype("u1"), "int4c": np.dtype("u1")}
 _SCALE_DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -51,11 +52,15 @@ class BlobWeights:
         (_, _, _, dtype_code, scale_code, rows, cols, stride, group, n_out, _,
          data_off, scale_off, oidx_off, oval_off) = self.entries[name]
         dtype = _DTYPE_NAMES[dtype_code]
-        esize = ELEM_BYTES[dtype]
-        tiled = self.tiled and is_q8(dtype, cols, group)
+        int4 = dtype in INT4_DTYPES
+        esize = 1 if int4 else ELEM_BYTES[dtype]
+        tiled = self.tiled and not int4 and is_q8(dtype, cols, group)
         stored = padded_rows(rows) if tiled else rows
         data = np.frombuffer(self.buf, _NP_DTYPES[dtype], stored * stride // esize, data_off)
-        data = untile(data, rows, cols) if tiled else data.reshape(rows, stride // esize)[:, :cols]
+        if int4:
+            data = unpack_int4(data, rows, cols)
+        else:
+            data = untile(data, rows, cols) if tiled else data.reshape(rows, stride // esize)[:, :cols]
         if dtype in ("f32", "f16"):
             w = data.astype(np.float32)
         else:

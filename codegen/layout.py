@@ -1,4 +1,4 @@
-"""How int8 weights are arranged for the target's kernels, and the activation scratch they need.
+"""How int8 and int4 weights are arranged for the target's kernels, and the activation scratch they need.
 
 Format 1.2 (runtime_c/FORMAT.md "Integer matmuls"): an int8/int8c matrix whose columns and scale
 groups are multiples of ACT_BLOCK is multiplied with int8 activations, quantized per token in blocks
@@ -13,6 +13,9 @@ of a target want its bytes in one of two orders, recorded in the blob header:
   accumulates sixteen rows at once with one broadcast of the activations. Rows are padded to a multiple
   of TILE_ROWS with zero weights and zero scales; the scales are tiled the same way: for tile t and
   group g, the scales of its sixteen rows in row order.
+
+int4/int4c matrices (format 1.3) are always row-major, two values a byte (pack_int4), one scale a block
+of ACT_BLOCK, whatever the header's layout: their kernels reduce a row's block into a scalar.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from .spec import ModelSpec
 
 ACT_BLOCK = 32
+INT4_DTYPES = ("int4", "int4c")
 TILE_ROWS = 16
 TILE_COLS = 4
 LAYOUTS = {"rows": 1, "tiled16": 2}
@@ -34,8 +38,34 @@ def effective_group(cols: int, group_size: int) -> int:
 
 
 def is_q8(dtype: str, cols: int, group_size: int) -> bool:
-    """Whether the kernels multiply this tensor with int8 activations (group_size as stored)."""
+    """Whether the kernels multiply this tensor with int8 activations (group_size as stored): int8/int8c
+    of whole blocks, and int4/int4c always (their only kernels; a last partial block is zero-padded)."""
+    if dtype in INT4_DTYPES:
+        return True
     return dtype in ("int8", "int8c") and cols % ACT_BLOCK == 0 and group_size % ACT_BLOCK == 0
+
+
+def int4_row_bytes(cols: int) -> int:
+    """Bytes of one packed int4 row: ACT_BLOCK // 2 a block (a multiple of the blob's 16-byte row alignment)."""
+    return -(-cols // ACT_BLOCK) * (ACT_BLOCK // 2)
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """(rows, cols) values in [-8, 7] -> (rows, int4_row_bytes) bytes: per block of ACT_BLOCK, byte i holds
+    q[i] + 8 in its low nibble and q[i + 16] + 8 in its high one; the columns past cols hold 0 (nibble 8)."""
+    rows, cols = q.shape
+    blocks = -(-cols // ACT_BLOCK)
+    u = np.full((rows, blocks * ACT_BLOCK), 8, dtype=np.uint8)
+    u[:, :cols] = (q.astype(np.int16) + 8).astype(np.uint8)
+    u = u.reshape(rows, blocks, 2, ACT_BLOCK // 2)
+    return np.ascontiguousarray((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(rows, -1))
+
+
+def unpack_int4(b: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The inverse of pack_int4: (rows, int4_row_bytes(cols)) bytes -> (rows, cols) int8 in [-8, 7]."""
+    b = b.reshape(rows, -1, ACT_BLOCK // 2)
+    u = np.concatenate([b & 15, b >> 4], axis=2).reshape(rows, -1)[:, :cols]
+    return (u.astype(np.int16) - 8).astype(np.int8)
 
 
 def matmul_cols(spec: ModelSpec) -> list[int]:

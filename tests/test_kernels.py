@@ -6,7 +6,8 @@ riscv64-rvv build runs at three vector lengths, since RVV code must not assume o
 The program compares cb_matvec (the ISA path the target's flags select) with
 cb_matvec_scalar on random matrices of every weight type and many shapes; see its header.
 runtime_c/test/kernels_q8_test.c does the same for the integer matmuls (bit for bit, both layouts,
-and against their definition).
+and against their definition); runtime_c/test/kernels_q4_test.c for the int4 matmuls (bit for bit against
+cb_matmul_q4_scalar, widths that are and are not multiples of the block, 1..7 tokens, the definition).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 KERNELS = [ROOT / "runtime_c" / "src" / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
-            "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c"}
+            "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c",
+            "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c"}
 FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-O2", "-g"]
 LINUX = [t.name for t in all_targets() if t.kind == "linux"]
 # the ISA path each target's flags must select ("avx512" or "avx2" for host, by this CPU)
@@ -32,6 +34,9 @@ EXPECT = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon
 # the integer path: VNNI where the CPU has it (host), PMADDUBSW on x86-64-v3, SDOT on rpi5
 EXPECT_Q8 = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon-dotprod", "rpi-armv7": "neon",
              "riscv64-rvv": "rvv", "riscv64": "scalar"}
+# the int4 block dot: PMADDUBSW on every x86 build with AVX2 (AVX-512 builds too), SDOT on rpi5
+EXPECT_Q4 = {"host": "avx2", "x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon-dotprod",
+             "rpi-armv7": "neon", "riscv64-rvv": "rvv", "riscv64": "scalar", "aarch64-i8mm": "neon-dotprod"}
 RVV_VLEN = (128, 256, 512)
 
 
@@ -80,11 +85,21 @@ def test_integer_kernels_match_scalar(target, tmp_path):
         assert int(line.split()[2]) > 200, line
 
 
+@pytest.mark.parametrize("target", LINUX)
+def test_int4_kernels_match_scalar(target, tmp_path):
+    for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q4_test")):
+        isa = line.split()[1].rstrip(":")
+        assert line.startswith("kernels_q4_test ") and isa == EXPECT_Q4[target], line
+        assert int(line.split()[2]) >= 160 and int(line.split()[4]) > 10000, line
+
+
 def test_forced_scalar_is_scalar(tmp_path):
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR")
     assert _run([str(exe)]).startswith("kernels_test scalar:")
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q8_test")
     assert _run([str(exe)]).startswith("kernels_q8_test scalar:")
+    exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q4_test")
+    assert _run([str(exe)]).startswith("kernels_q4_test scalar:")
 
 
 def test_simd_reads_nothing_beyond_its_rows(tmp_path):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, INT4C_OUTLIER_FRAC, QUANTS
+
 from .targets import ROOT, TargetError, all_targets, load_target
 
 
@@ -121,9 +123,11 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="quantize a checkpoint and generate C sources")
     e.add_argument("ckpt")
     e.add_argument("-o", "--out", required=True)
-    e.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
-    e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
+    e.add_argument("--outlier-frac", type=float, default=None,
+                   help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
+                        f"{INT4C_OUTLIER_FRAC} for int4c)")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, 1..32 with --layout rows (more "
@@ -147,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a model for a target with SCons")
     b.add_argument("ckpt", nargs="?", default=None, help="checkpoint (default: the bundled model)")
     b.add_argument("--target", default="host")
-    b.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    b.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     b.add_argument("--max-seq", type=int, default=0)
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     b.add_argument("scons_args", nargs="*", help="extra SCons arguments (NAME=value)")

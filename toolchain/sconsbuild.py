@@ -227,7 +227,11 @@ def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: 
 def build_all(arguments: dict) -> None:
     target_arg = arguments.get("TARGET", "host")
     model_arg = arguments.get("MODEL", "")
-    quant = arguments.get("QUANT", "int8c")
+    from colibri.codegen.quantize import DEFAULT_QUANT, QUANTS
+
+    quant = arguments.get("QUANT", DEFAULT_QUANT)
+    if quant not in QUANTS:
+        _fail(f"QUANT={quant}: expected one of {', '.join(QUANTS)}")
     sanitize = [s for s in arguments.get("SANITIZE", "").split(",") if s]
     kernels = arguments.get("KERNELS", "simd")  # scalar: -DCOLIBRI_SCALAR, out to build/<target>-scalar/
     if kernels not in ("simd", "scalar"):
@@ -243,7 +247,7 @@ def build_all(arguments: dict) -> None:
             "quant": quant,
             "max_seq": int(arguments.get("MAX_SEQ", 0)),
             "group_size": int(arguments.get("GROUP_SIZE", 0)),
-            "outlier_frac": float(arguments.get("OUTLIER_FRAC", 0.005)),
+            "outlier_frac": float(arguments["OUTLIER_FRAC"]) if "OUTLIER_FRAC" in arguments else None,
             "prefill_block": int(arguments.get("PREFILL_BLOCK", 0)),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
         }

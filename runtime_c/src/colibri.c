@@ -89,7 +89,8 @@ static const uint8_t cb_lifetime[CB_N_BUFFERS][2] = {
 };
 
 #define DT(d) (1u << (d))
-#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C))
+#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C) | DT(CB_I4) | DT(CB_I4C))
+#define CB_DTYPE_LAST CB_I4C /* codes above it are formats this build's kernels do not implement */
 
 typedef struct cb_model {
     uint32_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn, n_experts, top_k, max_seq;
@@ -182,6 +183,12 @@ static const uint8_t *cb_entry(const uint8_t *blob, size_t i)
 }
 
 static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 ? 2 : 1; }
+static int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
+/* bytes of one row's data: int4 packs a block of CB_ACT_BLOCK into CB_ACT_BLOCK / 2 */
+static uint64_t cb_row_bytes(unsigned dtype, uint64_t cols)
+{
+    return cb_is_int4(dtype) ? (uint64_t)cb_ceil_div((uint32_t)cols, CB_ACT_BLOCK) * (CB_ACT_BLOCK / 2) : cb_mul(cols, cb_elem_bytes(dtype));
+}
 
 static int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
 {
@@ -363,6 +370,8 @@ typedef struct cb_walk {
 /* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. */
 static int cb_is_q8(const cb_model *m, unsigned dtype, uint64_t cols, uint64_t group)
 {
+    if (cb_is_int4(dtype)) /* int4 has integer kernels only (cb_check_entry requires the xq buffer) */
+        return m->xq_off != 0;
     return m->xq_off && (dtype == CB_I8 || dtype == CB_I8C) && cols % CB_ACT_BLOCK == 0 && group % CB_ACT_BLOCK == 0;
 }
 
@@ -372,23 +381,28 @@ static colibri_status cb_check_entry(cb_walk *w, unsigned kind, uint32_t layer, 
     const uint8_t *e = cb_entry(w->blob, w->index++);
     unsigned dtype = e[6], scale_dtype = e[7];
     uint64_t stride = rd32(e + 16), group = rd32(e + 20), n_out = rd32(e + 24);
-    int quantised = dtype == CB_I8 || dtype == CB_I8C;
-    int tiled = w->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(w->m, dtype, cols, group);
+    int int4 = cb_is_int4(dtype);
+    int quantised = dtype == CB_I8 || dtype == CB_I8C || int4;
+    int tiled = !int4 && w->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(w->m, dtype, cols, group);
     /* a tiled matrix: rows padded to whole tiles, no row padding, scales tiled the same way */
     uint64_t stored_rows = tiled ? (rows + CB_TILE_ROWS - 1) / CB_TILE_ROWS * CB_TILE_ROWS : rows;
 
     if (rd16(e) != kind || rd16(e + 2) != layer || rd16(e + 4) != expert || rd32(e + 8) != rows
         || rd32(e + 12) != cols)
         return COLIBRI_E_BAD_TENSOR;
-    if (dtype < CB_F32 || dtype > CB_I8C || !(dtypes & DT(dtype)))
+    if (dtype > CB_DTYPE_LAST)
+        return COLIBRI_E_DTYPE;
+    if (dtype < CB_F32 || !(dtypes & DT(dtype)))
         return COLIBRI_E_BAD_TENSOR;
-    if (stride < cb_mul(cols, cb_elem_bytes(dtype)) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))
+    if (stride < cb_row_bytes(dtype, cols) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))
+        return COLIBRI_E_BAD_TENSOR;
+    if (int4 && (!w->m->xq_off || group != CB_ACT_BLOCK)) /* int4: integer matmuls, one scale a block */
         return COLIBRI_E_BAD_TENSOR;
     /* group_size means nothing to F32/F16 and is not checked there */
     if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || group > cols
                   : scale_dtype != 0)
         return COLIBRI_E_BAD_TENSOR;
-    if (n_out != 0 && dtype != CB_I8C)
+    if (n_out != 0 && dtype != CB_I8C && dtype != CB_I4C)
         return COLIBRI_E_BAD_TENSOR;
 
     /* data, scales, outlier indices, outlier values: "0 if none", else 64-aligned and inside the payload */
@@ -528,7 +542,7 @@ static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
     };
     t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
     t.q8 = (uint8_t)cb_is_q8(&c->m, t.dtype, t.cols, t.group_size);
-    t.tiled = (uint8_t)(t.q8 && c->m.layout == CB_LAYOUT_TILED16);
+    t.tiled = (uint8_t)(t.q8 && !cb_is_int4(t.dtype) && c->m.layout == CB_LAYOUT_TILED16);
     return t;
 }
 
@@ -582,7 +596,7 @@ static void cb_mm_x(const colibri_ctx *c, size_t i, size_t n, const float *const
     cb_tensor t = cb_tensor_at(c, i);
     cb_xq xq[CB_MAX_BLOCK];
     if (t.q8) { /* quantize each token once, before any split: every task reads the same int8 rows */
-        size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = t.cols / CB_ACT_BLOCK;
+        size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = (size_t)cb_ceil_div(t.cols, CB_ACT_BLOCK);
         size_t q_bytes = (size_t)cb_align64(blocks * CB_ACT_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
         for (size_t j = 0; j < n; j++) {
             /* the context is at arena offset 0, the xq buffer at xq_off: block rows of row bytes */
@@ -1041,6 +1055,7 @@ const char *colibri_strerror(colibri_status status)
     case COLIBRI_E_TOKEN: return "token id outside the vocabulary";
     case COLIBRI_E_SEQ_FULL: return "sequence would exceed max_seq positions";
     case COLIBRI_E_ARG: return "bad argument (no tokens, or logits buffer shorter than vocab)";
+    case COLIBRI_E_DTYPE: return "a tensor's weight format is not implemented by this build";
     }
     return "unknown colibri status";
 }
