@@ -13,6 +13,7 @@ QEMU memory map, the link command and the stack bound of a model image - and boo
 the target's flags select and exit 0 after its cases:
   - kernels_q8_test: MVE on cortex-m55, the DSP extension on stm32h7, scalar on rv32imac; > 200 cases
     (ISA path against the scalar kernel bit for bit, both layouts, the definition);
+  - kernels_q4_test: the same paths for the int4 block dot; >= 160 cases;
   - kernels_test: MVE on cortex-m55, scalar on stm32h7 (the M7 has no float SIMD) and rv32imac;
     > 6000 cases (every weight kind, sizes that are and are not multiples of the vector width:
     within the tolerance of the scalar kernel, bit-equal for one-hot x, cb_matmul over several
@@ -33,7 +34,7 @@ from colibri.toolchain import firmware
 from conftest import ROOT, require_target
 
 SRC = ROOT / "runtime_c" / "src"
-PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test")}
+PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test", "kernels_q4_test")}
 KERNELS = [SRC / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
 # A firmware build's compile flags (toolchain/sconsbuild.py COMMON_CFLAGS with -Os for -O2, plus the
 # .su/.ci files firmware.stack_bound reads), then the target's own.
@@ -44,6 +45,7 @@ EXPECT_Q8 = {"cortex-m55": "mve", "stm32h7": "dsp", "rv32imac": "scalar"}
 # the float path (kernels.c's #include chain): MVE-F on the M55, none on the M7 or RV32IMAC
 EXPECT_F = {"cortex-m55": "mve", "stm32h7": "scalar", "rv32imac": "scalar"}
 LINE = re.compile(r"kernels_q8_test (\S+): (\d+) cases, (\d+) outputs")
+LINE_Q4 = re.compile(r"kernels_q4_test (\S+): (\d+) cases, (\d+) outputs")
 LINE_F = re.compile(r"kernels_test (\S+): (\d+) cases, (\d+) outputs, max rel err (\d+)e-9")
 MIN_CASES_F = 6000  # the bare-metal case list: 6034 (all five weight kinds, 7 row and 22 column counts, 9 groups)
 
@@ -98,6 +100,17 @@ def test_integer_kernels_on_the_microcontroller(target, tmp_path):
     assert m, lines[0]
     assert m.group(1) == EXPECT_Q8[target], lines[0]
     assert int(m.group(2)) > 200 and int(m.group(3)) > 0, lines[0]
+
+
+@pytest.mark.parametrize("target", list(EXPECT_Q8))
+def test_int4_kernels_on_the_microcontroller(target, tmp_path):
+    """runtime_c/test/kernels_q4_test.c: the int4 block dot of MVE (M55) and the DSP extension (M7), and
+    the scalar one on RV32IMAC, against cb_matmul_q4_scalar bit for bit and the definition."""
+    res = _boot(target, _build(target, tmp_path, program="kernels_q4_test"))
+    assert res.returncode == 0, f"{target}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    m = LINE_Q4.fullmatch(res.stdout.strip())
+    assert m, res.stdout
+    assert m.group(1) == EXPECT_Q8[target] and int(m.group(2)) >= 160 and int(m.group(3)) > 10000, m.group(0)
 
 
 def test_forced_scalar_on_the_microcontroller(tmp_path):
