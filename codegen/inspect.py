@@ -18,7 +18,7 @@ from .errors import ExportError
 from .layout import LAYOUTS
 from .spec import ModelSpec
 
-_DTYPE_NAMES = {1: "f32", 2: "f16", 3: "int8", 4: "int8c"}
+_DTYPE_NAMES = {1: "f32", 2: "f16", 3: "int8", 4: "int8c", 5: "int4", 6: "int4c"}
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
 _SOURCE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
