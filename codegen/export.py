@@ -100,7 +100,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if not 0.0 <= opts.outlier_frac <= 0.1:
         raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
     if opts.quant in INT4_QUANTS and not opts.int8_activations:
-        raise ExportError(ckpt_dir, f"--quant {opts.quant} has integer-activation kernels only (drop --float-activations)")
+        raise ExportError(ckpt_dir, f"--quant {opts.quant} has integer-activation kernels only "
+                                    "(drop --float-activations)")
     if opts.layout not in LAYOUTS:
         raise ExportError(ckpt_dir, f"unknown layout {opts.layout!r} (use {', '.join(LAYOUTS)})")
     if opts.group_size < 0:
