@@ -14,13 +14,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__
-from .blob import BlobWriter, feature_flags, format_version
+from .blob import BlobWriter, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
+from .format import blob_names, feature_flags, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
-from .plan import MAX_PREFILL_BLOCK, MCU_PREFILL_BLOCK, plan_arena
+from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
 from .quantize import INT4_QUANTS, QUANTS, QuantTensor, default_outlier_frac
 from .reference import Reference, WeightSource, rope_inv_freq
@@ -58,6 +59,7 @@ class ExportOptions:
     workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
+    max_prefill_block: int = MAX_PREFILL_BLOCK  # the largest block the target's runtime takes (its TOML's)
 
 
 @dataclass
@@ -65,12 +67,6 @@ class ExportResult:
     name: str
     out_dir: Path
     manifest: dict
-
-
-def block_limit(layout: str) -> int:
-    """The largest prefill block the runtime of the layout's targets takes: microcontrollers (row layout)
-    keep the runtime's row-pointer arrays, and so their stack, at 32 tokens."""
-    return MCU_PREFILL_BLOCK if layout == "rows" else MAX_PREFILL_BLOCK
 
 
 def default_max_seq(spec: ModelSpec) -> int:
@@ -109,9 +105,11 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= 1 << 20:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
-    max_block = block_limit(opts.layout)
+    max_block = opts.max_prefill_block
+    if not 1 <= max_block <= MAX_PREFILL_BLOCK:
+        raise ExportError(ckpt_dir, f"largest prefill block {max_block} outside [1, {MAX_PREFILL_BLOCK}]")
     if not 0 <= opts.prefill_block <= max_block:
-        why = "" if max_block == MAX_PREFILL_BLOCK else " (row layout: a microcontroller's runtime takes 32)"
+        why = "" if max_block == MAX_PREFILL_BLOCK else f" (the target's runtime takes {max_block})"
         raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {max_block}]{why}")
     demo = _demo_defaults(ckpt_dir)
     prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
@@ -186,9 +184,9 @@ def export(
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
-    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=block_limit(opts.layout))
-    names = canonical_names(spec)
-    order = names[:1] + ["rope_freq"] + names[1:]
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block)
+    order = blob_names(spec)
+    names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
     src_sizes = _source_bytes(source, spec, names)
     src_bytes = sum(src_sizes.values())
@@ -199,17 +197,18 @@ def export(
     with staged_dir(Path(out_dir)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
+            derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
                     writer.add(q.name, q.qt)
-                    row = {**q.row, "offset": writer.records[-1].offset, "bytes": writer.records[-1].nbytes,
-                           "payload_bits": q.qt.payload_bits()}
+                    row = {**q.row, **tensor_fields(q.name), "offset": writer.records[-1].offset,
+                           "bytes": writer.records[-1].nbytes, "payload_bits": q.qt.payload_bits()}
                     rows.append(row)
                     sq_err += (row["rel_error"] ** 2) * q.norm2
                     sq_norm += q.norm2
                     progress.tensor_done(_tensor_line(row), src_sizes[q.name])
-                    if q.name == names[0]:
-                        writer.add("rope_freq", QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
+                    while len(writer.records) < len(order) and order[len(writer.records)] in derived:
+                        writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
@@ -277,7 +276,7 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
 def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:
     """Blob bytes the dropped experts would have taken: their tensors (the mean of the kept experts', exact
     unless int8c corrections differ), their table entries and their router rows."""
-    from .blob import ENTRY_BYTES, ROW_ALIGN
+    from .format import ENTRY_BYTES, ROW_ALIGN
     from .plan import align_up
 
     n_dropped = (before.n_experts - after.n_experts) * len(after.moe_layers)

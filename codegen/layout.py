@@ -1,6 +1,6 @@
 """How int8 and int4 weights are arranged for the target's kernels, and the activation scratch they need.
 
-Format 1.2 (runtime_c/FORMAT.md "Integer matmuls"): an int8/int8c matrix whose columns and scale
+The blob format (runtime_c/FORMAT.md "Integer matmuls", codegen/format.py): an int8/int8c matrix whose columns and scale
 groups are multiples of ACT_BLOCK is multiplied with int8 activations, quantized per token in blocks
 of ACT_BLOCK with one f32 scale each, and exact int32 dot products; such a matrix is "q8". The kernels
 of a target want its bytes in one of two orders, recorded in the blob header:
@@ -13,22 +13,17 @@ of a target want its bytes in one of two orders, recorded in the blob header:
   accumulates sixteen rows at once with one broadcast of the activations. Rows are padded to a multiple
   of TILE_ROWS with zero weights and zero scales; the scales are tiled the same way: for tile t and
   group g, the scales of its sixteen rows in row order.
-
-int4/int4c matrices (format 1.3) are always row-major, two values a byte (pack_int4), one scale a block
-of ACT_BLOCK, whatever the header's layout: their kernels reduce a row's block into a scalar.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .format import INT4_DTYPES, LAYOUTS, TILE_COLS, TILE_ROWS, int4_row_bytes
+from .format import Q8_BLOCK as ACT_BLOCK
 from .spec import ModelSpec
 
-ACT_BLOCK = 32
-INT4_DTYPES = ("int4", "int4c")
-TILE_ROWS = 16
-TILE_COLS = 4
-LAYOUTS = {"rows": 1, "tiled16": 2}
+__all__ = ["ACT_BLOCK", "INT4_DTYPES", "LAYOUTS", "TILE_COLS", "TILE_ROWS", "int4_row_bytes"]
 DEFAULT_LAYOUT = "tiled16"
 
 
@@ -45,14 +40,10 @@ def is_q8(dtype: str, cols: int, group_size: int) -> bool:
     return dtype in ("int8", "int8c") and cols % ACT_BLOCK == 0 and group_size % ACT_BLOCK == 0
 
 
-def int4_row_bytes(cols: int) -> int:
-    """Bytes of one packed int4 row: ACT_BLOCK // 2 a block (a multiple of the blob's 16-byte row alignment)."""
-    return -(-cols // ACT_BLOCK) * (ACT_BLOCK // 2)
-
-
 def pack_int4(q: np.ndarray) -> np.ndarray:
-    """(rows, cols) values in [-8, 7] -> (rows, int4_row_bytes) bytes: per block of ACT_BLOCK, byte i holds
-    q[i] + 8 in its low nibble and q[i + 16] + 8 in its high one; the columns past cols hold 0 (nibble 8)."""
+    """(rows, cols) values in [-8, 7] -> (rows, int4_row_bytes) bytes, FORMAT.md "int4": per block of
+    ACT_BLOCK, byte i holds q[i] + 8 in its low nibble and q[i + 16] + 8 in its high one; the columns past
+    cols hold 0 (nibble 8). int4 matrices are row-major whatever the header's layout."""
     rows, cols = q.shape
     blocks = -(-cols // ACT_BLOCK)
     u = np.full((rows, blocks * ACT_BLOCK), 8, dtype=np.uint8)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 QUANTS = ("f32", "f16", "int8", "int8c", "int4", "int4c")  # the choices of --quant and QUANT=
-DEFAULT_QUANT = "int8c"
+DEFAULT_QUANT = "int8c"  # what `colibri export` and `colibri build` use unless told
 DEFAULT_OUTLIER_FRAC = 0.005
 INT4_QUANTS = ("int4", "int4c")
 INT4_GROUP = 32  # inputs per int4 scale: the activation block (layout.ACT_BLOCK)

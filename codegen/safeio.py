@@ -76,13 +76,13 @@ def read_bytes(path: str | Path, what: str, kind: str) -> bytes:
         if size > limit:
             raise ExportError(path, f"{what} is {size} bytes, more than the {limit}-byte limit for such a file")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)  # the file may have grown since fstat
+            data = f.read(size + 1)  # one byte more tells whether it grew since fstat
     except OSError as e:
         raise ExportError(path, f"cannot read {what}: {e.strerror or e}") from None
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise ExportError(path, f"{what} is more than the {limit}-byte limit for such a file")
+    if len(data) != size:
+        raise ExportError(path, f"{what} changed while being read ({size} bytes at open, {len(data)} read)")
     return data
 
 

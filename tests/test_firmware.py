@@ -16,14 +16,17 @@ from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.toolchain import firmware
+from colibri.toolchain.scons.layout import gen_dir
 from colibri.toolchain.size.audit import audit as size_audit
 from colibri.toolchain.size.command import summary_line
 from colibri.toolchain.targets import load_target
 
 from blobread import weights as blob_weights
-from conftest import BIN, scons, synth
+from conftest import BIN, ROOT, output_dirs, scons, synth
+from targets_under_test import firmware as firmware_targets
 
-FW_TARGETS = ["stm32h7", "cortex-m55", "rv32imac"]
+FW_TARGETS = firmware_targets()
+ADDER = ROOT / "firmware_examples/models/adder"  # the trained demo model
 # Small enough for every budget in f32 too (about 200 KB of weights).
 SMALL = dict(layers=2, hidden=48, ffn=64, heads=4, kv_heads=2, experts=4, top_k=2, vocab=131, seed=21, dtype="f32")
 # The default shape with five layers: about 2.3 MB of f32 weights, more than the STM32H7's 2 MiB of flash.
@@ -45,9 +48,15 @@ def small_ckpt(tmp_path_factory) -> Path:
     return synth(tmp_path_factory.mktemp("fw") / "fw_small", **SMALL)
 
 
+def _gen_dir(build: Path, target: str, model: str, quant: str) -> Path:
+    """The export a firmware build used: the weight layout and prefill limit its target declares
+    (build/gen/<m>/<q>-rows-pb32)."""
+    t = load_target(target)
+    return build / "gen" / model / gen_dir(quant, t.weight_layout, t.max_prefill_block)
+
+
 def _gen(out: Path, quant: str) -> Path:
-    """The export a firmware build used: firmware targets take the row layout (build/gen/<m>/<q>-rows)."""
-    return out.parent.parent / "gen" / out.name / f"{quant}-rows"
+    return _gen_dir(out.parent.parent, out.parent.name, out.name, quant)
 
 
 def _model_h(out: Path, quant: str) -> dict[str, str]:
@@ -101,6 +110,20 @@ def test_boots_and_matches_reference(target, quant, small_ckpt, build_model):
     audit = json.loads((out / f"{name}.size.json").read_text())
     # the measured high-water mark stays within the static bound, which is within the reservation
     assert 0 < stack_used <= audit["image_stack"]["bytes"] <= audit["image_stack"]["reserved"]
+
+
+@pytest.mark.parametrize("target", [pytest.param(t, marks=_needs(t)) for t in FW_TARGETS])
+def test_demo_model_adds_on_every_microcontroller(target, build_model):
+    """The trained demo model's built-in prompt (<BOS>123+456=, byte vocabulary) on each firmware target:
+    the digits of the sum, then EOS."""
+    prompt = json.loads((ADDER / "colibri.json").read_text())["prompt"]
+    eos = json.loads((ADDER / "config.json").read_text())["eos_token_id"]
+    a, b = bytes(t for t in prompt if t < 256).decode().removesuffix("=").split("+")
+    out = build_model(ADDER, "int8c", target)
+    res = _boot(target, out / "adder.elf")
+    assert res.returncode == 0, f"exit {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    tokens, _, _, _ = _run_output(res)
+    assert tokens == [*str(int(a) + int(b)).encode(), eos], f"{target}: {tokens}"
 
 
 @pytest.mark.parametrize("case", ["gqa_top2", "top1_tied_bf16"])
@@ -161,7 +184,7 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     flash = {c["key"]: c["flash"] for c in audit["categories"]}
     runtime_text = sum(s["bytes"] for s in audit["symbols"] if s["category"] == "runtime" and s["section"] == ".text")
     code = flash["runtime"] + flash["generated"] + flash["app"]
-    objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "kernels_q8", "cbmath")]
+    objects = [str(out / "obj" / f"{s}.o") for s in ("blob", "forward", "kernels", "kernels_q8", "cbmath")]
     size = subprocess.run(["arm-none-eabi-size", *objects], capture_output=True, text=True, check=True).stdout
     objects_text = sum(int(line.split()[0]) for line in size.splitlines()[1:])
     print(f"\nstm32h7 -Os: runtime .text {runtime_text} B in the image ({objects_text} B in the objects"
@@ -186,9 +209,10 @@ def test_over_budget_model_fails_naming_region_and_overflow(tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model too_big does not fit: FLASH overflowed by (\d+) bytes "
                      r"\(region 2097152 bytes, flash budget 2097152\)", lines[0])
     assert m, lines[0]
-    blob = (build / "gen" / "too_big" / "f32-rows" / "model.bin").stat().st_size
+    out = output_dirs(res)["stm32h7"]  # build/stm32h7/too_big-f32: not the default options
+    assert out.parent == build / "stm32h7"
+    blob = (_gen(out, "f32") / "model.bin").stat().st_size
     assert 0 < blob - 2097152 < int(m.group(1)) < blob - 2097152 + 64 * 1024  # weights + code - budget
-    out = build / "stm32h7" / "too_big"
     left = [p.name for p in out.iterdir() if p.suffix in (".elf", ".bin", ".hex", ".map")] if out.is_dir() else []
     assert not left, f"image left behind: {left}"
 
@@ -204,10 +228,11 @@ def test_arena_over_its_sram_fails_naming_region(small_ckpt, tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model fw_small does not fit: AXI_SRAM overflowed by (\d+) bytes "
                      r"\(region 524288 bytes, ram budget 1048576\)", lines[0])
     assert m, lines[0]
-    h = (build / "gen" / "fw_small" / "int8c-rows" / "model.h").read_text()
+    out = output_dirs(res)["stm32h7"]
+    h = (_gen(out, "int8c") / "model.h").read_text()
     arena = int(re.search(r"#define COLIBRI_ARENA_SIZE (\d+)u", h).group(1))
     assert int(m.group(1)) == arena - 524288  # the arena alone fills that SRAM
-    assert not list((build / "stm32h7" / "fw_small").glob("*.elf"))
+    assert not list(out.glob("*.elf"))
 
 
 @pytest.mark.skipif(bool(_missing("stm32h7")), reason="arm-none-eabi toolchain or QEMU missing")

@@ -10,11 +10,11 @@ code (firmware_examples/common without main.c, plus the family's startup files).
 toolchain/firmware.py - the linker script from firmware_examples/firmware.ld.j2 for the target's
 QEMU memory map, the link command and the stack bound of a model image - and booted the way
 `colibri run` boots firmware (firmware.qemu_argv: -icount, semihosting). It must name the ISA path
-the target's flags select and exit 0 after its cases:
-  - kernels_q8_test: MVE on cortex-m55, the DSP extension on stm32h7, scalar on rv32imac; > 200 cases
-    (ISA path against the scalar kernel bit for bit, both layouts, the definition);
-  - kernels_q4_test: the same paths for the int4 block dot; >= 160 cases;
-  - kernels_test: MVE on cortex-m55, scalar on stm32h7 (the M7 has no float SIMD) and rv32imac;
+the target's flags select (its file's `kernels`: targets/SCHEMA.md) and exit 0 after its cases:
+  - kernels_q8_test (kernels.int8: e.g. MVE on cortex-m55, the DSP extension on stm32h7 and cortex-m4,
+    scalar on rv32imac); > 200 cases (ISA path against the scalar kernel bit for bit, both layouts, the
+    definition);
+  - kernels_test (kernels.float: MVE on cortex-m55, scalar where the part has no float SIMD);
     > 6000 cases (every weight kind, sizes that are and are not multiples of the vector width:
     within the tolerance of the scalar kernel, bit-equal for one-hot x, cb_matmul over several
     tokens and a split row range bit-equal to cb_matvec per token); where the path is scalar both
@@ -30,20 +30,22 @@ from pathlib import Path
 import pytest
 
 from colibri.toolchain import firmware
+from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
 
 from conftest import ROOT, require_target
+from targets_under_test import expected_kernel
+from targets_under_test import firmware as firmware_targets
 
 SRC = ROOT / "runtime_c" / "src"
 PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test", "kernels_q4_test")}
-KERNELS = [SRC / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
-# A firmware build's compile flags (toolchain/sconsbuild.py COMMON_CFLAGS with -Os for -O2, plus the
+KERNELS = runtime_sources(KERNEL_SRC)
+# A firmware build's compile flags (toolchain/csources.py's, with -Os for -O2, plus the
 # .su/.ci files firmware.stack_bound reads), then the target's own.
-FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-Os",
-         "-g", "-ffunction-sections", "-fdata-sections", "-fstack-usage", "-fcallgraph-info=su"]
-# the integer path each microcontroller's flags must select (kernels_q8.c's #include chain)
-EXPECT_Q8 = {"cortex-m55": "mve", "stm32h7": "dsp", "rv32imac": "scalar"}
-# the float path (kernels.c's #include chain): MVE-F on the M55, none on the M7 or RV32IMAC
-EXPECT_F = {"cortex-m55": "mve", "stm32h7": "scalar", "rv32imac": "scalar"}
+FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["firmware"], "-g", "-ffunction-sections", "-fdata-sections",
+         "-fstack-usage", "-fcallgraph-info=su"]
+# the paths each microcontroller's flags must select: its file's kernels.int8 (kernels_q8.c's #include
+# chain) and kernels.float (kernels.c's), targets/SCHEMA.md
+FW_TARGETS = firmware_targets()
 LINE = re.compile(r"kernels_q8_test (\S+): (\d+) cases, (\d+) outputs")
 LINE_Q4 = re.compile(r"kernels_q4_test (\S+): (\d+) cases, (\d+) outputs")
 LINE_F = re.compile(r"kernels_test (\S+): (\d+) cases, (\d+) outputs, max rel err (\d+)e-9")
@@ -66,7 +68,7 @@ def _build(target: str, out: Path, *defines: str, program: str = "kernels_q8_tes
         if src.suffix == ".S":
             argv = [*t.cc_argv, *t.cflags, "-g", "-c", str(src), "-o", str(obj)]
         else:
-            argv = [*t.cc_argv, *FLAGS, *t.cflags, *extra, *defines, "-c", str(src), "-o", str(obj)]
+            argv = [*t.cc_argv, *FLAGS, *t.cflags, *t.cpp_defines(), *extra, *defines, "-c", str(src), "-o", str(obj)]
         res = subprocess.run(argv, capture_output=True, text=True, cwd=out)
         assert res.returncode == 0, f"{' '.join(argv)}:\n{res.stdout}{res.stderr}"
         objs.append(obj)
@@ -90,7 +92,7 @@ def _boot(target: str, elf: Path) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("target", list(EXPECT_Q8))
+@pytest.mark.parametrize("target", FW_TARGETS)
 def test_integer_kernels_on_the_microcontroller(target, tmp_path):
     res = _boot(target, _build(target, tmp_path))
     assert res.returncode == 0, f"{target}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
@@ -98,19 +100,21 @@ def test_integer_kernels_on_the_microcontroller(target, tmp_path):
     assert len(lines) == 1, f"{target}: unexpected output\n{res.stdout}\n{res.stderr}"
     m = LINE.fullmatch(lines[0])
     assert m, lines[0]
-    assert m.group(1) == EXPECT_Q8[target], lines[0]
+    assert m.group(1) == expected_kernel(target, "int8"), lines[0]
     assert int(m.group(2)) > 200 and int(m.group(3)) > 0, lines[0]
 
 
-@pytest.mark.parametrize("target", list(EXPECT_Q8))
+@pytest.mark.parametrize("target", FW_TARGETS)
 def test_int4_kernels_on_the_microcontroller(target, tmp_path):
     """runtime_c/test/kernels_q4_test.c: the int4 block dot of MVE (M55) and the DSP extension (M7), and
-    the scalar one on RV32IMAC, against cb_matmul_q4_scalar bit for bit and the definition."""
+    the scalar one on RV32IMAC, against cb_matmul_q4_scalar bit for bit and the definition; each comes
+    with the target's integer path (kernels.int8)."""
     res = _boot(target, _build(target, tmp_path, program="kernels_q4_test"))
     assert res.returncode == 0, f"{target}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     m = LINE_Q4.fullmatch(res.stdout.strip())
     assert m, res.stdout
-    assert m.group(1) == EXPECT_Q8[target] and int(m.group(2)) >= 160 and int(m.group(3)) > 10000, m.group(0)
+    assert m.group(1) == expected_kernel(target, "int8"), m.group(0)
+    assert int(m.group(2)) >= 160 and int(m.group(3)) > 10000, m.group(0)
 
 
 def test_forced_scalar_on_the_microcontroller(tmp_path):
@@ -129,12 +133,12 @@ def _float_line(res: subprocess.CompletedProcess, what: str) -> re.Match:
     return m
 
 
-@pytest.mark.parametrize("target", list(EXPECT_F))
+@pytest.mark.parametrize("target", FW_TARGETS)
 def test_float_kernels_on_the_microcontroller(target, tmp_path):
     """cb_matvec/cb_matmul with float activations: MVE on the M55 against the scalar kernel; the scalar
     kernel on the M7 and RV32IMAC (both sides the same code: the bare-metal build and its checks)."""
     m = _float_line(_boot(target, _build(target, tmp_path, program="kernels_test")), target)
-    assert m.group(1) == EXPECT_F[target], m.group(0)
+    assert m.group(1) == expected_kernel(target, "float"), m.group(0)
     assert m.group(1) != "scalar" or m.group(4) == "0", m.group(0)
 
 

@@ -18,26 +18,24 @@ from pathlib import Path
 import pytest
 
 from colibri.toolchain.cli import runner_argv
-from colibri.toolchain.targets import all_targets, load_target
+from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
+from colibri.toolchain.targets import load_target
+
+from targets_under_test import expected_kernel, names
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-KERNELS = [ROOT / "runtime_c" / "src" / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
+KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
             "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c",
             "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c"}
-FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-O2", "-g"]
-LINUX = [t.name for t in all_targets() if t.kind == "linux"]
-# the ISA path each target's flags must select ("avx512" or "avx2" for host, by this CPU)
-EXPECT = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon", "rpi-armv7": "neon",
-          "riscv64-rvv": "rvv", "riscv64": "scalar"}
-# the integer path: VNNI where the CPU has it (host), PMADDUBSW on x86-64-v3, SDOT on rpi5
-EXPECT_Q8 = {"x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon-dotprod", "rpi-armv7": "neon",
-             "riscv64-rvv": "rvv", "riscv64": "scalar"}
-# the int4 block dot: PMADDUBSW on every x86 build with AVX2 (AVX-512 builds too), SDOT on rpi5
-EXPECT_Q4 = {"host": "avx2", "x86_64-v3": "avx2", "x86_64": "scalar", "rpi4": "neon", "rpi5": "neon-dotprod",
-             "rpi-armv7": "neon", "riscv64-rvv": "rvv", "riscv64": "scalar", "aarch64-i8mm": "neon-dotprod"}
+FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
+LINUX = names("linux")
+# the ISA path each target's flags must select: its file's kernels.float and kernels.int8 (targets/SCHEMA.md)
 RVV_VLEN = (128, 256, 512)
+# the int4 block dot each integer path comes with (arch/select.h CB_ISA_Q4_NAME): PMADDUBSW on every x86
+# build with AVX2 (VNNI builds too: this CPU has no AVX-512 to test a VPDPBUSD version on), SDOT on Armv8.6
+INT4_OF_INT8 = {"avx512vnni": "avx2", "avx2": "avx2", "neon-i8mm": "neon-dotprod", "neon-dotprod": "neon-dotprod",
+                "neon": "neon", "rvv": "rvv", "mve": "mve", "dsp": "dsp", "scalar": "scalar"}
 
 
 def _build(target: str, out: Path, *extra: str, program: str = "kernels_test") -> Path:
@@ -72,7 +70,7 @@ def _run_all_vlens(target: str, exe: Path) -> list[str]:
 def test_simd_matches_scalar(target, tmp_path):
     for line in _run_all_vlens(target, _build(target, tmp_path)):
         isa = line.split()[1].rstrip(":")
-        assert isa == EXPECT.get(target, isa) and (target != "host" or isa != "scalar"), line
+        assert isa == expected_kernel(target, "float"), line
         assert "cases" in line
 
 
@@ -80,8 +78,7 @@ def test_simd_matches_scalar(target, tmp_path):
 def test_integer_kernels_match_scalar(target, tmp_path):
     for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q8_test")):
         isa = line.split()[1].rstrip(":")
-        want = EXPECT_Q8.get(target) or ("avx512vnni" if "avx512_vnni" in CPU_FLAGS else "avx2")
-        assert line.startswith("kernels_q8_test ") and isa == want, line
+        assert line.startswith("kernels_q8_test ") and isa == expected_kernel(target, "int8"), line
         assert int(line.split()[2]) > 200, line
 
 
@@ -89,7 +86,7 @@ def test_integer_kernels_match_scalar(target, tmp_path):
 def test_int4_kernels_match_scalar(target, tmp_path):
     for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q4_test")):
         isa = line.split()[1].rstrip(":")
-        assert line.startswith("kernels_q4_test ") and isa == EXPECT_Q4[target], line
+        assert line.startswith("kernels_q4_test ") and isa == INT4_OF_INT8[expected_kernel(target, "int8")], line
         assert int(line.split()[2]) >= 160 and int(line.split()[4]) > 10000, line
 
 

@@ -559,8 +559,9 @@ def test_built_diff_f32_vs_int8c(golden_ckpts, build_model, capsys):
         pytest.skip("runtime_c/src does not exist yet: nothing to build")
     ckpt = golden_ckpts["gqa_top2"]
     a, b = build_model(ckpt, "int8c"), build_model(ckpt, "f32")
-    name = f"libcolibri_{a.name}.so"
-    code, out, _ = run_cli("--diff", str(a / name), str(b / name), "--json", capsys=capsys)
+    # each build's library is named after its output directory (gqa_top2, gqa_top2-f32)
+    code, out, _ = run_cli("--diff", str(a / f"libcolibri_{a.name}.so"), str(b / f"libcolibri_{b.name}.so"), "--json",
+                           capsys=capsys)
     assert code == 0
     d = json.loads(out)
     ba = json.loads((a / "manifest.json").read_text())["blob"]["bytes"]

@@ -6,17 +6,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(
-  gcc libc6-dev binutils file pkg-config
-  gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf gcc-riscv64-linux-gnu
-  clang clang-19 lld qemu-user
-  gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
-  qemu-system-arm qemu-system-misc valgrind chromium llvm
-)
+# Debian packages: the union of the targets' own (targets/*.toml "packages") and the few the host needs
+# besides (toolchain/host-packages.txt). The system python3 (3.11+: tomllib) reads them; no venv needed.
+apt_packages() {
+  python3 - <<'PY'
+import pathlib, sys, tomllib
+names = set()
+for path in sorted(pathlib.Path("targets").glob("*.toml")):
+    try:
+        packages = tomllib.loads(path.read_text(encoding="utf-8")).get("packages", [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        sys.exit(f"colibri: {path}: {e}")
+    if not (isinstance(packages, list) and all(isinstance(p, str) for p in packages)):
+        sys.exit(f"colibri: {path}: packages must be a list of strings")
+    names.update(packages)
+for line in pathlib.Path("toolchain/host-packages.txt").read_text().splitlines():
+    names.update(line.split("#", 1)[0].split())
+print(" ".join(sorted(names)))
+PY
+}
 
 setup_apt() {
-  local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  local missing=() packages
+  packages=$(apt_packages)
+  for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0

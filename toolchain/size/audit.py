@@ -54,12 +54,12 @@ def resolve_target(path: Path, name: str | None) -> targets_mod.Target | None:
 
 
 def target_budget(target: targets_mod.Target | None) -> dict[str, int]:
-    raw = (target.extra.get("budget") or {}) if target else {}
+    raw = target.budget if target else {}
     return {k: parse_bytes(v) for k, v in raw.items() if k in ("flash", "ram")}
 
 
 def _memory(target: targets_mod.Target | None) -> list[MemoryRegion]:
-    return memory_map(target.extra) if target else []
+    return memory_map(target.memory) if target else []
 
 
 def _section_rows(art: Artifact, memory: list[MemoryRegion]) -> list[dict]:

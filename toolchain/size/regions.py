@@ -9,6 +9,7 @@ section's run address (VMA) and load address (LMA) decide, region by region.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .elf import ElfImage, Section
@@ -65,10 +66,10 @@ def parse_budget(text: str) -> dict[str, int]:
     return out
 
 
-def memory_map(extra: dict) -> list[MemoryRegion]:
-    """A target's extra["memory"]: [{name, origin, length, kind}], sizes as ints or '256K' strings."""
+def memory_map(memory: Sequence[Mapping]) -> list[MemoryRegion]:
+    """A target's memory: [{name, origin, length, kind}], sizes as ints or '256K' strings."""
     out = []
-    for r in extra.get("memory", []) or []:
+    for r in memory:
         kind = str(r.get("kind", "")).lower()
         if kind not in ("flash", "ram"):
             kind = "flash" if "x" in str(r.get("attrs", "")) or "flash" in str(r.get("name", "")).lower() else "ram"
