@@ -96,7 +96,7 @@ def read_text(path: str | Path, what: str, kind: str) -> str:
 
 def parse_json(text: str | bytes, path: str | Path, what: str, **kw: Any) -> Any:
     """JSON with a bound on nesting, checked before the (recursive) parser sees it."""
-    _check_depth(text if isinstance(text, str) else text.decode("utf-8", "replace"), path, what)
+    check_depth(text if isinstance(text, str) else text.decode("utf-8", "replace"), path, what)
     try:
         return json.loads(text, **kw)
     except RecursionError:
@@ -112,7 +112,7 @@ def read_json(path: str | Path, what: str, kind: str = "config", **kw: Any) -> A
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
-def _check_depth(text: str, path: str | Path, what: str) -> None:
+def check_depth(text: str, path: str | Path, what: str) -> None:
     """Brackets outside strings nested deeper than MAX_JSON_DEPTH: refused (a regex scan, no recursion)."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
         return

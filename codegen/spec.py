@@ -14,7 +14,6 @@ from typing import Any
 
 from .format import canonical_name, feature_flags, tensor_order
 
-ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
@@ -93,8 +92,10 @@ class ModelSpec:
 
 
 def _first_problem(s: ModelSpec) -> str | None:
-    if s.arch not in ARCHES:
-        return f"arch {s.arch!r} is not one of {', '.join(ARCHES)}"
+    from .importers import FAMILIES  # the registry (importers import this module)
+
+    if s.arch not in FAMILIES:
+        return f"arch {s.arch!r} is not one of {', '.join(FAMILIES)}"
     for name in _INT_FIELDS:
         v = getattr(s, name)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
