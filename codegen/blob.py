@@ -15,7 +15,7 @@ import numpy as np
 
 from . import format as fmt
 from .format import ALIGN, ENTRY_BYTES, HEADER_BYTES, ROW_ALIGN, feature_flags
-from .layout import is_q8, tile, tile_scales
+from .layout import is_q8, pack_int4, tile, tile_scales
 from .plan import ArenaPlan, align_up
 from .quantize import QuantTensor, encode_outliers
 from .spec import ModelSpec
@@ -41,8 +41,8 @@ class TensorRecord:
     n_outliers: int
 
 
-def format_version(spec: ModelSpec, plan: ArenaPlan) -> str:
-    return f"{fmt.VERSION_MAJOR}.{format_minor(spec, plan)}"
+def format_version(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> str:
+    return f"{fmt.VERSION_MAJOR}.{format_minor(spec, plan, int4)}"
 
 
 def dense_bitmap(spec: ModelSpec) -> bytes:
@@ -56,8 +56,8 @@ def header_bytes(n_tensors: int) -> int:
     return align_up(HEADER_BYTES + ENTRY_BYTES * n_tensors, ALIGN)
 
 
-def format_minor(spec: ModelSpec, plan: ArenaPlan) -> int:
-    return fmt.blob_minor(feature_flags(spec), plan.buffers[-1].name == fmt.XQ_BUFFER.name)
+def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> int:
+    return fmt.blob_minor(feature_flags(spec), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
 
 
 class BlobWriter:
@@ -69,6 +69,7 @@ class BlobWriter:
         self.pos = self.header_bytes
         self.entries: list[bytes] = []
         self.records: list[TensorRecord] = []
+        self.int4 = False  # an int4/int4c tensor was written: format 1.3
         f.seek(self.pos)
 
     def _put(self, arr: np.ndarray) -> int:
@@ -81,12 +82,16 @@ class BlobWriter:
 
     def add(self, name: str, qt: QuantTensor) -> None:
         kind, layer, expert = kind_of(name)
-        esize = fmt.ELEM_BYTES[qt.dtype]
-        stride = align_up(qt.cols * esize, ROW_ALIGN)
         data = qt.data.reshape(qt.rows, qt.cols)
         scales = qt.scales
-        tiled = self.layout == "tiled16" and is_q8(qt.dtype, qt.cols, qt.group_size)
-        if tiled:
+        int4 = qt.dtype in fmt.INT4_DTYPES
+        self.int4 |= int4
+        esize = 1 if int4 else fmt.ELEM_BYTES[qt.dtype]
+        stride = fmt.int4_row_bytes(qt.cols) if int4 else align_up(qt.cols * esize, ROW_ALIGN)
+        tiled = not int4 and self.layout == "tiled16" and is_q8(qt.dtype, qt.cols, qt.group_size)
+        if int4:  # always row-major (FORMAT.md "int4")
+            data = pack_int4(data)
+        elif tiled:
             data, scales = tile(data), tile_scales(scales)
         elif stride != qt.cols * esize:
             padded = np.zeros((qt.rows, stride // esize), dtype=data.dtype)
@@ -119,8 +124,10 @@ class BlobWriter:
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
         flags = feature_flags(spec)
-        minor = format_minor(spec, plan)
-        xq = plan.buffers[-1].offset if minor == fmt.MINOR_INT8_ACTS else 0
+        minor = format_minor(spec, plan, self.int4)
+        xq = plan.buffers[-1].offset if plan.buffers[-1].name == fmt.XQ_BUFFER.name else 0
+        if self.int4 and not xq:
+            raise AssertionError("int4 tensors need the integer-matmul plan (an xq buffer)")
         table = [b for b in plan.buffers if b.name != fmt.XQ_BUFFER.name]
         header = fmt.pack_header({
             "magic": fmt.MAGIC, "version_major": fmt.VERSION_MAJOR, "version_minor": minor,

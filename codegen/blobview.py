@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as fmt
-from .layout import is_q8, padded_rows, untile, untile_scales
+from .layout import is_q8, padded_rows, unpack_int4, untile, untile_scales
 from .spec import ModelSpec, canonical_shape
 
-_NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1")}
+_NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1"),
+             "int4": np.dtype("u1"), "int4c": np.dtype("u1")}
 _SCALE_DTYPES = {fmt.SCALE_DTYPES["f32"]: np.dtype("<f4"), fmt.SCALE_DTYPES["f16"]: np.dtype("<f2")}
 
 
@@ -25,7 +26,7 @@ class BlobWeights:
         self.spec = spec
         self.entries = {name: fmt.entry(buf, i) for i, name in enumerate(names)}
         h = fmt.read_header(buf)
-        self.q8_blob = h["version_minor"] >= fmt.MINOR_INT8_ACTS and h["xq_offset"] != 0
+        self.q8_blob = h["version_minor"] >= fmt.MINOR_INT8_ACTS and h["xq_offset"] != 0  # int4 implies it
         self.tiled = self.q8_blob and h["layout"] == fmt.LAYOUTS["tiled16"]
 
     def q8(self, name: str) -> bool:
@@ -51,11 +52,15 @@ class BlobWeights:
         e = self.entries[name]
         rows, cols, stride, group = e["rows"], e["cols"], e["row_stride"], e["group_size"]
         dtype = fmt.DTYPE_NAMES[e["dtype"]]
-        esize = fmt.ELEM_BYTES[dtype]
-        tiled = self.tiled and is_q8(dtype, cols, group)
+        int4 = dtype in fmt.INT4_DTYPES
+        esize = 1 if int4 else fmt.ELEM_BYTES[dtype]
+        tiled = self.tiled and not int4 and is_q8(dtype, cols, group)
         stored = padded_rows(rows) if tiled else rows
         data = np.frombuffer(self.buf, _NP_DTYPES[dtype], stored * stride // esize, e["data_off"])
-        data = untile(data, rows, cols) if tiled else data.reshape(rows, stride // esize)[:, :cols]
+        if int4:
+            data = unpack_int4(data.reshape(rows, stride), rows, cols)
+        else:
+            data = untile(data, rows, cols) if tiled else data.reshape(rows, stride // esize)[:, :cols]
         if dtype in ("f32", "f16"):
             w = data.astype(np.float32)
         else:

@@ -7,7 +7,7 @@ import math
 import mmap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,7 +23,7 @@ from .format import blob_names, feature_flags, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
-from .quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS, QuantTensor
+from .quantize import DEFAULT_QUANT, INT4_QUANTS, QUANTS, QuantTensor, default_outlier_frac
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
@@ -51,7 +51,7 @@ HIGHER_PRECISION = {
 class ExportOptions:
     quant: str = DEFAULT_QUANT
     group_size: int = 0  # 0: one scale per output row
-    outlier_frac: float = DEFAULT_OUTLIER_FRAC
+    outlier_frac: float | None = None  # None: quantize.default_outlier_frac(quant)
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
     prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: colibri.json's, else 3,17,42
     generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
@@ -147,6 +147,9 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
         raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
+    if opts.quant in INT4_QUANTS and not opts.int8_activations:
+        raise ExportError(ckpt_dir, f"--quant {opts.quant} has integer-activation kernels only "
+                                    "(drop --float-activations)")
     if opts.layout not in LAYOUTS:
         raise ExportError(ckpt_dir, f"unknown layout {opts.layout!r} (use {', '.join(LAYOUTS)})")
     if opts.group_size < 0:
@@ -242,6 +245,8 @@ def export(
     ckpt = open_checkpoint(ckpt_dir)
     spec = ckpt.spec
     ckpt_dir = Path(ckpt_dir)
+    if opts.outlier_frac is None:  # the quantization's own default
+        opts = replace(opts, outlier_frac=default_outlier_frac(opts.quant))
     max_seq, prompt, generate, sample_cfg = _validate_options(ckpt_dir, spec, opts)
     chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
@@ -297,7 +302,7 @@ def export(
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
-                     "format_version": format_version(spec, plan),
+                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS),
                      "layout": opts.layout if q8 else "rows", "int8_activations": q8},
             "arena": plan.to_json(),
             "totals": {
@@ -357,7 +362,7 @@ def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:
 
 def _tensor_line(row: dict) -> str:
     line = f"  {row['name']:<34} {row['quant']:<5} {row['bits_per_weight']:6.3f} b/w  err {row['rel_error']:.2e}"
-    for other in ("int8", "int8c"):
+    for other in ("int8", "int8c", "int4", "int4c"):
         if f"rel_error_{other}" in row:
             line += f"  ({other} {row[f'rel_error_{other}']:.2e})"
     return line

@@ -32,6 +32,7 @@ TILE_COLS = 4
 MINOR_BASE = 0  # no feature flag beyond TIED, no integer matmuls
 MINOR_FEATURES = 1  # a feature flag of the MoE families beyond Mixtral
 MINOR_INT8_ACTS = 2  # integer matmuls (an xq buffer, maybe the tiled layout)
+MINOR_INT4 = 3  # int4 / int4c tensors (dtypes I4, I4C; always with integer matmuls)
 
 _TYPES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "f32": "f"}
 
@@ -75,7 +76,8 @@ HEADER: tuple[Field, ...] = (
     Field("magic", 0, "u32", "`0x52424C43` (bytes `C L B R`)"),
     Field("version_major", 4, "u16", "1; a different major is refused"),
     Field("version_minor", 6, "u16", "0; 1 when any flag other than TIED is set; 2 with integer matmuls "
-                                      "(xq_offset ≠ 0); a newer minor is accepted"),
+                                      "(xq_offset ≠ 0); 3 with I4/I4C tensors; a newer minor is accepted "
+                                      "(a dtype the runtime lacks is refused: `COLIBRI_E_DTYPE`)"),
     Field("crc32", 8, "u32", "CRC-32 (IEEE 802.3, as zlib.crc32) of bytes `[12, blob_bytes)`"),
     Field("header_bytes", 12, "u32", "256 + 64·n_tensors rounded up to 64"),
     Field("blob_bytes", 16, "u64", "total length; must equal the length passed in"),
@@ -120,14 +122,16 @@ ENTRY: tuple[Field, ...] = (
     Field("kind", 0, "u16", "see \"Kinds\""),
     Field("layer", 2, "u16", "0 for global tensors"),
     Field("expert", 4, "u16", "0 for non-expert tensors"),
-    Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C"),
-    Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C only)"),
+    Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C, 5 = I4, 6 = I4C (see \"int4\"); a code above "
+                            "the runtime's last: `COLIBRI_E_DTYPE`"),
+    Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C / I4 / I4C only)"),
     Field("rows", 8, "u32", "outputs"),
     Field("cols", 12, "u32", "inputs"),
-    Field("row_stride", 16, "u32", "bytes from one row to the next, ≥ cols·elem, multiple of 16"),
+    Field("row_stride", 16, "u32", "bytes from one row to the next, ≥ cols·elem (I4/I4C: ≥ 16·ceil(cols/32)), "
+                                   "multiple of 16"),
     Field("group_size", 20, "u32", "inputs per scale (divides into ceil(cols/group_size) groups; = cols for "
-                                   "per-row)"),
-    Field("n_outliers", 24, "u32", "I8C only, else 0"),
+                                   "per-row; I4/I4C: 32)"),
+    Field("n_outliers", 24, "u32", "I8C and I4C only, else 0"),
     Field("reserved", 28, "u32", "0"),
     Field("data_off", 32, "u64", "rows·row_stride bytes of weights (padding bytes are zero); tiled: padded "
                                  "rows·cols"),
@@ -176,9 +180,16 @@ FLAG = {f.name: f.mask for f in FLAGS}
 FLAGS_KNOWN = sum(f.mask for f in FLAGS)
 QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
 
-DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4}
+DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}
+ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}  # int4: see int4_row_bytes
+INT4_DTYPES = ("int4", "int4c")  # two values a byte, one scale a Q8_BLOCK, integer matmuls only
+INT4_BLOCK_BYTES = Q8_BLOCK // 2
+
+
+def int4_row_bytes(cols: int) -> int:
+    """Bytes of one packed int4 row: INT4_BLOCK_BYTES a block (a multiple of ROW_ALIGN)."""
+    return -(-cols // Q8_BLOCK) * INT4_BLOCK_BYTES
 SCALE_DTYPES = {"f32": 1, "f16": 2}
 LAYOUTS = {"rows": 1, "tiled16": 2}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
@@ -371,7 +382,9 @@ N_BASE_BUFFERS = sum(not b.extra for b in BUFFERS)
 XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)")
 
 
-def blob_minor(flags: int, int8_acts: bool) -> int:
+def blob_minor(flags: int, int8_acts: bool, int4: bool = False) -> int:
+    if int4:
+        return MINOR_INT4
     if int8_acts:
         return MINOR_INT8_ACTS
     return MINOR_FEATURES if flags & ~FLAG["TIED"] else MINOR_BASE

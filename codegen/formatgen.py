@@ -56,7 +56,7 @@ def c_header() -> str:
     for name, c_name in (("Q8_BLOCK", "Q8_BLOCK"), ("TILE_ROWS", "TILE16_ROWS"), ("TILE_COLS", "TILE16_COLS")):
         add(f"#define CB_{c_name} {getattr(fmt, name)}u")
     add("/* the format minor that introduced a feature */")
-    for name in ("MINOR_FEATURES", "MINOR_INT8_ACTS"):
+    for name in ("MINOR_FEATURES", "MINOR_INT8_ACTS", "MINOR_INT4"):
         add(f"#define CB_{name} {getattr(fmt, name)}u")
     add("")
     add("/* bounds the validator applies before sizing anything (the Python readers apply the same) */")
@@ -84,6 +84,8 @@ def c_header() -> str:
         add(f"#define CB_LAYOUT_{name.upper()} {code}u")
     for name, code in fmt.DTYPES.items():
         add(f"#define CB_DTYPE_{name.upper()} {code}u")
+    add(f"#define CB_DTYPE_LAST {max(fmt.DTYPES.values())}u /* codes above: formats this runtime lacks */")
+    add(f"#define CB_INT4_BLOCK_BYTES {fmt.INT4_BLOCK_BYTES}u /* an int4 row: this many bytes a Q8 block */")
     add("")
     add("/* tensor kinds */")
     add("enum cb_kind {")

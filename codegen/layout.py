@@ -1,4 +1,4 @@
-"""How int8 weights are arranged for the target's kernels, and the activation scratch they need.
+"""How int8 and int4 weights are arranged for the target's kernels, and the activation scratch they need.
 
 The blob format (runtime_c/FORMAT.md "Integer matmuls", codegen/format.py): an int8/int8c matrix whose columns and scale
 groups are multiples of ACT_BLOCK is multiplied with int8 activations, quantized per token in blocks
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .format import LAYOUTS, TILE_COLS, TILE_ROWS
+from .format import INT4_DTYPES, LAYOUTS, TILE_COLS, TILE_ROWS, int4_row_bytes
 from .format import Q8_BLOCK as ACT_BLOCK
 from .spec import ModelSpec
 
-__all__ = ["ACT_BLOCK", "LAYOUTS", "TILE_COLS", "TILE_ROWS"]
+__all__ = ["ACT_BLOCK", "INT4_DTYPES", "LAYOUTS", "TILE_COLS", "TILE_ROWS", "int4_row_bytes"]
 DEFAULT_LAYOUT = "tiled16"
 
 
@@ -33,8 +33,30 @@ def effective_group(cols: int, group_size: int) -> int:
 
 
 def is_q8(dtype: str, cols: int, group_size: int) -> bool:
-    """Whether the kernels multiply this tensor with int8 activations (group_size as stored)."""
+    """Whether the kernels multiply this tensor with int8 activations (group_size as stored): int8/int8c
+    of whole blocks, and int4/int4c always (their only kernels; a last partial block is zero-padded)."""
+    if dtype in INT4_DTYPES:
+        return True
     return dtype in ("int8", "int8c") and cols % ACT_BLOCK == 0 and group_size % ACT_BLOCK == 0
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """(rows, cols) values in [-8, 7] -> (rows, int4_row_bytes) bytes, FORMAT.md "int4": per block of
+    ACT_BLOCK, byte i holds q[i] + 8 in its low nibble and q[i + 16] + 8 in its high one; the columns past
+    cols hold 0 (nibble 8). int4 matrices are row-major whatever the header's layout."""
+    rows, cols = q.shape
+    blocks = -(-cols // ACT_BLOCK)
+    u = np.full((rows, blocks * ACT_BLOCK), 8, dtype=np.uint8)
+    u[:, :cols] = (q.astype(np.int16) + 8).astype(np.uint8)
+    u = u.reshape(rows, blocks, 2, ACT_BLOCK // 2)
+    return np.ascontiguousarray((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(rows, -1))
+
+
+def unpack_int4(b: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The inverse of pack_int4: (rows, int4_row_bytes(cols)) bytes -> (rows, cols) int8 in [-8, 7]."""
+    b = b.reshape(rows, -1, ACT_BLOCK // 2)
+    u = np.concatenate([b & 15, b >> 4], axis=2).reshape(rows, -1)[:, :cols]
+    return (u.astype(np.int16) - 8).astype(np.int8)
 
 
 def matmul_cols(spec: ModelSpec) -> list[int]:

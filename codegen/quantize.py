@@ -1,10 +1,19 @@
-"""Weight quantization: f32, f16, int8 and int8c (int8 + sparse fp16 compensation).
+"""Weight quantization: f32, f16, int8, int8c (int8 + sparse fp16 compensation), int4 and int4c.
 
 int8c stores W ~ S*Q + E: Q int8 with one scale per row (or per group of
 `group_size` inputs), and E a sparse fp16 correction at the entries plain int8
 serves worst. Those are the entries far above the rest of their group: taking
 them out of the scale computation makes every other step of that group finer,
 and E then carries their residual exactly enough.
+
+int4 stores 4-bit values q in [-8, 7] in groups of INT4_GROUP inputs with one f16 scale per group
+(4.5 bits a weight), symmetric: w ~ s*q. Each group's scale is searched (after llama.cpp's
+make_qx_quants): INT4_CANDIDATES trial scales around max|w|/8 of either sign, each rounded, refined by
+least squares (s = sum(w q) / sum(q q)), the one of least squared error kept. int4c adds int8c's sparse
+fp16 corrections, INT4C_OUTLIER_FRAC of the weights by default, which keeps it under 4.6 bits a weight
+with everything counted. A per-group minimum (asymmetric 4-bit) was measured and not kept: it costs 16
+more bits a group (0.5 a weight), and on zero-centred weights the same bits spent on corrections lower
+the error more (see tests/test_int4.py test_symmetric_beats_offset_at_equal_bits).
 """
 
 from __future__ import annotations
@@ -13,9 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-QUANTS = ("f32", "f16", "int8", "int8c")
+QUANTS = ("f32", "f16", "int8", "int8c", "int4", "int4c")  # the choices of --quant and QUANT=
 DEFAULT_QUANT = "int8c"  # what `colibri export` and `colibri build` use unless told
 DEFAULT_OUTLIER_FRAC = 0.005
+INT4_QUANTS = ("int4", "int4c")
+INT4_GROUP = 32  # inputs per int4 scale: the activation block (layout.ACT_BLOCK)
+INT4C_OUTLIER_FRAC = 0.003  # 4.5 + 0.003 * 32 = 4.596 bits a weight
+INT4_CANDIDATES = np.concatenate([-8.0 - 0.25 * np.arange(-4, 5), 7.0 + 0.25 * np.arange(-4, 5)])
 F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
 F16_MAX = float(np.finfo(np.float16).max)
 OUTLIER_BITS = 16 + 16  # u16 gap to the previous flat index + f16 value
@@ -31,10 +44,10 @@ CHUNK_WEIGHTS = 1 << 20
 class QuantTensor:
     """One quantized matrix, shape (rows, cols); vectors are stored as 1 x n."""
 
-    dtype: str  # "f32" | "f16" | "int8" | "int8c"
+    dtype: str  # "f32" | "f16" | "int8" | "int8c" | "int4" | "int4c"
     rows: int
     cols: int
-    data: np.ndarray  # (rows, cols): float32, float16 or int8
+    data: np.ndarray  # (rows, cols): float32, float16 or int8 (int4: values in [-8, 7], packed by the blob)
     group_size: int = 0  # inputs per scale; == cols for per-row
     scales: np.ndarray | None = None  # (rows, n_groups) float16 or float32
     oidx: np.ndarray | None = None  # uint32 flat indices, strictly increasing
@@ -62,7 +75,7 @@ class QuantTensor:
 
     def payload_bits(self) -> int:
         """Bits of weights, scales and corrections (row padding excluded)."""
-        elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8}[self.dtype]
+        elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8, "int4": 4, "int4c": 4}[self.dtype]
         bits = elem * self.rows * self.cols
         if self.scales is not None:
             bits += self.scales.dtype.itemsize * 8 * self.scales.size
@@ -112,16 +125,26 @@ def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:
     return float(np.sqrt(np.sum(np.square(w64 - w_hat)) / norm2)) if norm2 else 0.0
 
 
+def default_outlier_frac(quant: str) -> float:
+    """The fraction of fp16 corrections a quantization gets unless told otherwise."""
+    return INT4C_OUTLIER_FRAC if quant == "int4c" else DEFAULT_OUTLIER_FRAC
+
+
 def quantize(
-    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float = DEFAULT_OUTLIER_FRAC
+    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None
 ) -> QuantTensor:
-    """Quantize a float32 matrix (or vector, as one row). group_size 0 means per row."""
+    """Quantize a float32 matrix (or vector, as one row). group_size 0 means per row (int4: always
+    INT4_GROUP); outlier_frac None: default_outlier_frac(quant)."""
+    if outlier_frac is None:
+        outlier_frac = default_outlier_frac(quant)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1]) if w.ndim else w
     rows, cols = w2.shape
     if quant == "f32":
         return QuantTensor("f32", rows, cols, w2)
     if quant == "f16":
         return QuantTensor("f16", rows, cols, w2.astype(np.float16))
+    if quant in INT4_QUANTS:
+        return _quantize_int4(w2, quant, outlier_frac)
     if quant not in ("int8", "int8c"):
         raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
     g = cols if group_size <= 0 or group_size >= cols else group_size
@@ -210,3 +233,69 @@ def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:
     if nonzero.size == 0 or (nonzero.min() >= F16_MIN_NORMAL and nonzero.max() <= F16_MAX / 2):
         return scales.astype(np.float16)
     return scales
+
+
+def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTensor:
+    rows, cols = w2.shape
+    g = INT4_GROUP
+    n_out = int(outlier_frac * rows * cols) if quant == "int4c" else 0
+    mask = None
+    if n_out:
+        select = _outlier_mask_lean if w2.size >= LEAN_MIN_WEIGHTS else _outlier_mask
+        mask = select(w2, g, n_out)
+    scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
+    q = np.empty((rows, cols), dtype=np.int8)
+    for c in _row_chunks(rows, cols):
+        wc = w2[c] if mask is None else np.where(mask[c], 0.0, w2[c]).astype(np.float32)
+        scales[c], q[c] = _int4_groups(wc, cols)
+    if mask is not None:  # the corrected entries get their own nearest value too, the residual goes to E
+        s_full = np.repeat(scales, g, axis=1)[:, :cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            qm = np.where(s_full != 0, np.rint(w2 / s_full), 0.0)
+        q = np.where(mask, np.clip(qm, -8, 7), q).astype(np.int8)
+    nonzero = np.abs(scales[scales != 0])  # a scale may be negative: q = -8 then serves the positive peak
+    if nonzero.size == 0 or (nonzero.min() >= F16_MIN_NORMAL and nonzero.max() <= F16_MAX / 2):
+        scales16 = scales.astype(np.float16)
+    else:
+        scales16 = scales
+    qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales16)
+    if mask is not None:
+        s_full = np.repeat(scales16.astype(np.float32), g, axis=1)[:, :cols]
+        idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32)
+        residual = w2.reshape(-1)[idx] - s_full.reshape(-1)[idx] * q.reshape(-1)[idx].astype(np.float32)
+        qt.oidx = idx
+        qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
+    return qt
+
+
+def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of INT4_GROUP: the scale (as stored: f16-rounded unless out of its range) and the
+    values in [-8, 7] of least squared error over INT4_CANDIDATES (see the module docstring)."""
+    groups = _padded_groups(w, INT4_GROUP, 0.0).astype(np.float32)  # (rows, n_groups, 32)
+    amax_i = np.argmax(np.abs(groups), axis=2)
+    peak = np.take_along_axis(groups, amax_i[..., None], axis=2)  # the signed largest entry
+    best_err = np.full(groups.shape[:2], np.inf, dtype=np.float64)
+    best_s = np.zeros(groups.shape[:2], dtype=np.float32)
+    best_q = np.zeros(groups.shape, dtype=np.int8)
+    for t in INT4_CANDIDATES:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(peak != 0, t / peak, 0.0)
+        q = np.clip(np.rint(groups * inv), -8, 7)
+        qq = np.sum(q * q, axis=2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(qq > 0, np.sum(groups * q, axis=2) / qq, 0.0).astype(np.float32)
+        s = _as_stored(s)
+        err = np.sum(np.square(groups - s[..., None] * q, dtype=np.float64), axis=2)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_s = np.where(better, s, best_s)
+        best_q = np.where(better[..., None], q, best_q).astype(np.int8)
+    rows = w.shape[0]
+    return best_s, best_q.reshape(rows, -1)[:, :cols]
+
+
+def _as_stored(s: np.ndarray) -> np.ndarray:
+    """s as the blob will hold it: f16 where representable as a normal f16, else f32."""
+    s16 = s.astype(np.float16).astype(np.float32)
+    ok = (np.abs(s) >= F16_MIN_NORMAL) & (np.abs(s) <= F16_MAX / 2)
+    return np.where(ok | (s == 0), s16, s).astype(np.float32)

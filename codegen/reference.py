@@ -114,7 +114,11 @@ class LazyWeights:
 def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
     """x as the C runtime's integer matmuls see it (kernels.h cb_quantize_q8), dequantized: per block of
     `block` values, round-half-away(x * 127 / max|x|) * (max|x| / 127), in the C code's float32 steps."""
-    b = np.asarray(x, dtype=F32).reshape(-1, block)
+    x = np.asarray(x, dtype=F32).reshape(-1)
+    n = x.size
+    if n % block:  # a last partial block (int4 matrices of any width): its values alone, as the C code does
+        x = np.concatenate([x, np.zeros(block - n % block, dtype=F32)])
+    b = x.reshape(-1, block)
     amax = np.max(np.abs(b), axis=1)
     amax = np.where(amax >= F32(2.0**-100), amax, F32(0.0)).astype(F32)  # a block this small is zero
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -122,7 +126,7 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
     f = b * inv[:, None]
     f = f + np.where(f >= 0, F32(0.5), F32(-0.5))
     q = np.clip(np.trunc(np.nan_to_num(f, nan=0.0)), -127, 127).astype(F32)
-    return (q * (amax / F32(127.0))[:, None]).reshape(-1)
+    return (q * (amax / F32(127.0))[:, None]).reshape(-1)[:n]
 
 
 class Reference:

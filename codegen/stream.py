@@ -46,8 +46,9 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
         "bits_per_weight": round(qt.bits_per_weight(), 4),
         "rel_error": relative_error(w, qt.dequantize().reshape(w.shape)), "n_outliers": qt.n_outliers,
     }
-    if tq in ("int8", "int8c"):  # the other int8 flavour, for comparison
-        other = "int8" if tq == "int8c" else "int8c"
+    pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
+    if tq in pairs:  # the other flavour of the same bits, for comparison
+        other = pairs[tq]
         alt = quantize(w, other, group_size=group_size, outlier_frac=outlier_frac)
         row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
     norm2 = sum_squares(w)

@@ -17,7 +17,9 @@ KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.
               15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
               24: "mlp.gate", 25: "mlp.down", 26: "mlp.up"}
-ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1")}
+ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1"), 5: np.dtype("u1"),
+        6: np.dtype("u1")}
+INT4 = (5, 6)  # format 1.3: int4, int4c
 SCALE = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
 HEADER_FIELDS = [
     (0, "I", "magic"), (4, "H", "version_major"), (6, "H", "version_minor"), (8, "I", "crc32"),
@@ -65,12 +67,27 @@ def is_q8(raw: bytes, e: dict) -> bool:
     """FORMAT.md "Integer matmuls": a 1.2 blob with an xq buffer, an int8/int8c matrix, cols and group
     size multiples of 32."""
     h = header(raw)
+    if e["dtype"] in INT4:  # format 1.3: int4 matrices have integer matmuls only
+        return h["xq_offset"] != 0
     return (h["version_minor"] >= 2 and h["xq_offset"] != 0 and e["dtype"] in (3, 4)
             and e["cols"] % 32 == 0 and e["group_size"] % 32 == 0)
 
 
 def is_tiled(raw: bytes, e: dict) -> bool:
-    return is_q8(raw, e) and header(raw)["layout"] == 2
+    return e["dtype"] not in INT4 and is_q8(raw, e) and header(raw)["layout"] == 2
+
+
+def unpack_int4(raw: bytes, e: dict) -> np.ndarray:
+    """FORMAT.md "int4": per row and block of 32 columns, 16 bytes; byte i holds column i + 8 in its low
+    nibble and column 16 + i + 8 in its high one (value = nibble - 8)."""
+    rows, cols, stride = e["rows"], e["cols"], e["row_stride"]
+    b = np.frombuffer(raw, dtype=np.uint8, count=rows * stride, offset=e["data_off"]).reshape(rows, stride)
+    out = np.empty((rows, stride * 2), dtype=np.float32)
+    for blk in range(stride // 16):
+        part = b[:, 16 * blk: 16 * blk + 16].astype(np.int32)
+        out[:, 32 * blk: 32 * blk + 16] = (part & 15) - 8
+        out[:, 32 * blk + 16: 32 * blk + 32] = (part >> 4) - 8
+    return out[:, :cols]
 
 
 def dequantize(raw: bytes, e: dict) -> np.ndarray:
@@ -83,7 +100,9 @@ def dequantize(raw: bytes, e: dict) -> np.ndarray:
     if tiled:  # tiles of 16 rows; per 4 columns, 4 bytes of each of the 16 rows
         data = data.reshape(stored // 16, cols // 4, 16, 4).transpose(0, 2, 1, 3).reshape(stored, cols)
     w = data.reshape(stored, stride_elems)[:rows, :cols].astype(np.float32)
-    if e["dtype"] in (3, 4):
+    if e["dtype"] in INT4:
+        w = unpack_int4(raw, e)
+    if e["dtype"] in (3, 4, 5, 6):
         g = e["group_size"]
         n_groups = -(-cols // g)
         s = np.frombuffer(raw, dtype=SCALE[e["scale_dtype"]], count=stored * n_groups, offset=e["scale_off"])

@@ -37,7 +37,7 @@ from targets_under_test import expected_kernel
 from targets_under_test import firmware as firmware_targets
 
 SRC = ROOT / "runtime_c" / "src"
-PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test")}
+PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test", "kernels_q4_test")}
 KERNELS = runtime_sources(KERNEL_SRC)
 # A firmware build's compile flags (toolchain/csources.py's, with -Os for -O2, plus the
 # .su/.ci files firmware.stack_bound reads), then the target's own.
@@ -47,6 +47,7 @@ FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["firmware"], "-g", "-ffunction-
 # chain) and kernels.float (kernels.c's), targets/SCHEMA.md
 FW_TARGETS = firmware_targets()
 LINE = re.compile(r"kernels_q8_test (\S+): (\d+) cases, (\d+) outputs")
+LINE_Q4 = re.compile(r"kernels_q4_test (\S+): (\d+) cases, (\d+) outputs")
 LINE_F = re.compile(r"kernels_test (\S+): (\d+) cases, (\d+) outputs, max rel err (\d+)e-9")
 MIN_CASES_F = 6000  # the bare-metal case list: 6034 (all five weight kinds, 7 row and 22 column counts, 9 groups)
 
@@ -101,6 +102,19 @@ def test_integer_kernels_on_the_microcontroller(target, tmp_path):
     assert m, lines[0]
     assert m.group(1) == expected_kernel(target, "int8"), lines[0]
     assert int(m.group(2)) > 200 and int(m.group(3)) > 0, lines[0]
+
+
+@pytest.mark.parametrize("target", FW_TARGETS)
+def test_int4_kernels_on_the_microcontroller(target, tmp_path):
+    """runtime_c/test/kernels_q4_test.c: the int4 block dot of MVE (M55) and the DSP extension (M7), and
+    the scalar one on RV32IMAC, against cb_matmul_q4_scalar bit for bit and the definition; each comes
+    with the target's integer path (kernels.int8)."""
+    res = _boot(target, _build(target, tmp_path, program="kernels_q4_test"))
+    assert res.returncode == 0, f"{target}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    m = LINE_Q4.fullmatch(res.stdout.strip())
+    assert m, res.stdout
+    assert m.group(1) == expected_kernel(target, "int8"), m.group(0)
+    assert int(m.group(2)) >= 160 and int(m.group(3)) > 10000, m.group(0)
 
 
 def test_forced_scalar_on_the_microcontroller(tmp_path):

@@ -6,7 +6,8 @@ riscv64-rvv build runs at three vector lengths, since RVV code must not assume o
 The program compares cb_matvec (the ISA path the target's flags select) with
 cb_matvec_scalar on random matrices of every weight type and many shapes; see its header.
 runtime_c/test/kernels_q8_test.c does the same for the integer matmuls (bit for bit, both layouts,
-and against their definition).
+and against their definition); runtime_c/test/kernels_q4_test.c for the int4 matmuls (bit for bit against
+cb_matmul_q4_scalar, widths that are and are not multiples of the block, 1..7 tokens, the definition).
 """
 
 from __future__ import annotations
@@ -25,11 +26,16 @@ from targets_under_test import expected_kernel, names
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
-            "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c"}
+            "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c",
+            "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c"}
 FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = names("linux")
 # the ISA path each target's flags must select: its file's kernels.float and kernels.int8 (targets/SCHEMA.md)
 RVV_VLEN = (128, 256, 512)
+# the int4 block dot each integer path comes with (arch/select.h CB_ISA_Q4_NAME): PMADDUBSW on every x86
+# build with AVX2 (VNNI builds too: this CPU has no AVX-512 to test a VPDPBUSD version on), SDOT on Armv8.6
+INT4_OF_INT8 = {"avx512vnni": "avx2", "avx2": "avx2", "neon-i8mm": "neon-dotprod", "neon-dotprod": "neon-dotprod",
+                "neon": "neon", "rvv": "rvv", "mve": "mve", "dsp": "dsp", "scalar": "scalar"}
 
 
 def _build(target: str, out: Path, *extra: str, program: str = "kernels_test") -> Path:
@@ -76,11 +82,21 @@ def test_integer_kernels_match_scalar(target, tmp_path):
         assert int(line.split()[2]) > 200, line
 
 
+@pytest.mark.parametrize("target", LINUX)
+def test_int4_kernels_match_scalar(target, tmp_path):
+    for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q4_test")):
+        isa = line.split()[1].rstrip(":")
+        assert line.startswith("kernels_q4_test ") and isa == INT4_OF_INT8[expected_kernel(target, "int8")], line
+        assert int(line.split()[2]) >= 160 and int(line.split()[4]) > 10000, line
+
+
 def test_forced_scalar_is_scalar(tmp_path):
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR")
     assert _run([str(exe)]).startswith("kernels_test scalar:")
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q8_test")
     assert _run([str(exe)]).startswith("kernels_q8_test scalar:")
+    exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q4_test")
+    assert _run([str(exe)]).startswith("kernels_q4_test scalar:")
 
 
 def test_simd_reads_nothing_beyond_its_rows(tmp_path):

@@ -29,7 +29,7 @@ DENSE_MAP = 216  # format 1.1: 32 bytes, one bit per dense layer
 
 
 S = {"OK": 0, "BAD_MAGIC": 2, "VERSION": 3, "TRUNCATED": 4, "CRC": 5, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7,
-     "BAD_TENSOR": 8, "LAYOUT": 9, "BAD_PLAN": 13}
+     "BAD_TENSOR": 8, "LAYOUT": 9, "BAD_PLAN": 13, "DTYPE": 19}
 _ANY = set(S.values())
 # The statuses a blob may get once its length field and CRC are made to match again ("fixed-up"), by class
 # of mutation: a longer blob is still valid; a table entry can only break its tensor; a plan field only the
@@ -38,7 +38,7 @@ _ANY = set(S.values())
 # end (-1: too short to fix up).
 EXPECTED = {
     "extend": {S["OK"]},
-    "entry_field": {S["OK"], S["TENSOR_BOUNDS"], S["BAD_TENSOR"]},
+    "entry_field": {S["OK"], S["TENSOR_BOUNDS"], S["BAD_TENSOR"], S["DTYPE"]},
     "plan_field": {S["OK"], S["BAD_PLAN"], S["BAD_HEADER"]},
     "dense_map": {S["BAD_HEADER"], S["BAD_TENSOR"]},
     "truncate": {-1, S["OK"], S["TRUNCATED"], S["TENSOR_BOUNDS"]},

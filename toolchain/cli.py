@@ -136,7 +136,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     from colibri.codegen.importers import FAMILIES
-    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS
+    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, INT4C_OUTLIER_FRAC, QUANTS
 
     p = _Parser(prog="colibri", description="MoE checkpoints to C, for any target.")
     p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
@@ -159,8 +159,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("-o", "--out", required=True)
     e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
-    e.add_argument("--outlier-frac", type=float, default=DEFAULT_OUTLIER_FRAC,
-                   help="int8c: fraction of fp16 corrections")
+    e.add_argument("--outlier-frac", type=float, default=None,
+                   help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
+                        f"{INT4C_OUTLIER_FRAC} for int4c)")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "

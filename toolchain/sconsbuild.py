@@ -73,7 +73,8 @@ def _options(arguments: dict) -> dict:
             "quant": arguments.get("QUANT", d["quant"]),
             "max_seq": int(arguments.get("MAX_SEQ", d["max_seq"])),
             "group_size": int(arguments.get("GROUP_SIZE", d["group_size"])),
-            "outlier_frac": float(arguments.get("OUTLIER_FRAC", d["outlier_frac"])),
+            # None: the quantization's own default (quantize.default_outlier_frac)
+            "outlier_frac": float(arguments["OUTLIER_FRAC"]) if "OUTLIER_FRAC" in arguments else d["outlier_frac"],
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
         }

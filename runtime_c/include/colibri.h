@@ -46,7 +46,8 @@ typedef enum colibri_status {
     COLIBRI_E_NOT_INIT = 15,     /* context not initialised by colibri_init */
     COLIBRI_E_TOKEN = 16,        /* token id outside [0, vocab) */
     COLIBRI_E_SEQ_FULL = 17,     /* forward would go past max_seq positions */
-    COLIBRI_E_ARG = 18           /* other bad argument (zero tokens, short logits buffer) */
+    COLIBRI_E_ARG = 18,          /* other bad argument (zero tokens, short logits buffer) */
+    COLIBRI_E_DTYPE = 19         /* a tensor's weight format (dtype code) not implemented by this build */
 } colibri_status;
 
 typedef struct colibri_ctx colibri_ctx; /* opaque; lives inside the arena */

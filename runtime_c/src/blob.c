@@ -35,11 +35,17 @@ typedef struct cb_check {
 #define CB_TRY(call) do { colibri_status st_ = (call); if (st_ != COLIBRI_OK) return st_; } while (0)
 
 #define DT(d) (1u << (d))
-#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C))
+#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C) | DT(CB_I4) | DT(CB_I4C))
 
 static const uint8_t cb_lifetime[CB_N_BUFFERS][2] = CB_BUFFER_LIFETIMES;
 
 static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 ? 2 : 1; }
+/* bytes of one row's values: int4 packs a block of CB_Q8_BLOCK into CB_INT4_BLOCK_BYTES */
+static uint64_t cb_row_bytes(unsigned dtype, uint64_t cols)
+{
+    return cb_is_int4(dtype) ? (uint64_t)cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK) * CB_INT4_BLOCK_BYTES
+                             : cb_mul(cols, cb_elem_bytes(dtype));
+}
 
 /* table entries of the whole model: the global ones, and each layer's as cb_layer_slots counts them */
 static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
@@ -208,8 +214,9 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     unsigned dtype = e[CB_E_DTYPE], scale_dtype = e[CB_E_SCALE_DTYPE];
     uint64_t stride = cb_rd32(e + CB_E_ROW_STRIDE), group = cb_rd32(e + CB_E_GROUP_SIZE);
     uint64_t n_out = cb_rd32(e + CB_E_N_OUTLIERS);
-    int quantised = dtype == CB_I8 || dtype == CB_I8C;
-    int tiled = v->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(v->m, dtype, cols, group);
+    int int4 = cb_is_int4(dtype);
+    int quantised = dtype == CB_I8 || dtype == CB_I8C || int4;
+    int tiled = !int4 && v->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(v->m, dtype, cols, group);
     /* a tiled matrix: rows padded to whole tiles, no row padding, scales tiled the same way */
     uint64_t stored_rows = tiled ? (rows + CB_TILE16_ROWS - 1) / CB_TILE16_ROWS * CB_TILE16_ROWS : rows;
 
@@ -217,15 +224,19 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* kind, layer or expert: not this place's */
     if (cb_rd32(e + CB_E_ROWS) != rows || cb_rd32(e + CB_E_COLS) != cols)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* rows or cols: not what the dims say */
-    if (dtype < CB_F32 || dtype > CB_I8C || !(dtypes & DT(dtype)))
-        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* dtype: unknown, or not one this kind takes */
-    if (stride < cb_mul(cols, cb_elem_bytes(dtype)) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))
+    if (dtype > CB_DTYPE_LAST)
+        return CB_BAD(COLIBRI_E_DTYPE); /* dtype: a weight format newer than this runtime's kernels */
+    if (dtype < CB_F32 || !(dtypes & DT(dtype)))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* dtype: zero, or not one this kind takes */
+    if (stride < cb_row_bytes(dtype, cols) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* row_stride: short, unaligned, or padded in a tiled matrix */
+    if (int4 && (!v->m->xq_off || group != CB_Q8_BLOCK))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int4: without integer matmuls, or not one scale a block */
     /* group_size means nothing to F32/F16 and is not checked there */
     if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || group > cols
                   : scale_dtype != 0)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* scale_dtype or group_size */
-    if (n_out != 0 && dtype != CB_I8C)
+    if (n_out != 0 && dtype != CB_I8C && dtype != CB_I4C)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* n_outliers: in a tensor without corrections */
 
     /* data, scales, outlier indices, outlier values: "0 if none", else 64-aligned and inside the payload */
@@ -439,6 +450,7 @@ const char *colibri_strerror(colibri_status status)
     case COLIBRI_E_TOKEN: return "token id outside the vocabulary";
     case COLIBRI_E_SEQ_FULL: return "sequence would exceed max_seq positions";
     case COLIBRI_E_ARG: return "bad argument (no tokens, or logits buffer shorter than vocab)";
+    case COLIBRI_E_DTYPE: return "a tensor's weight format is not implemented by this build";
     }
     return "unknown colibri status";
 }

@@ -20,6 +20,7 @@
 /* the format minor that introduced a feature */
 #define CB_MINOR_FEATURES 1u
 #define CB_MINOR_INT8_ACTS 2u
+#define CB_MINOR_INT4 3u
 
 /* bounds the validator applies before sizing anything (the Python readers apply the same) */
 #define CB_MAX_LAYERS 65536u
@@ -99,6 +100,10 @@
 #define CB_DTYPE_F16 2u
 #define CB_DTYPE_INT8 3u
 #define CB_DTYPE_INT8C 4u
+#define CB_DTYPE_INT4 5u
+#define CB_DTYPE_INT4C 6u
+#define CB_DTYPE_LAST 6u /* codes above: formats this runtime lacks */
+#define CB_INT4_BLOCK_BYTES 16u /* an int4 row: this many bytes a Q8 block */
 
 /* tensor kinds */
 enum cb_kind {

@@ -22,7 +22,9 @@
 #endif
 
 _Static_assert(CB_DTYPE_F32 == CB_F32 && CB_DTYPE_F16 == CB_F16 && CB_DTYPE_INT8 == CB_I8
-               && CB_DTYPE_INT8C == CB_I8C, "kernels.h's dtype codes are the format's");
+               && CB_DTYPE_INT8C == CB_I8C && CB_DTYPE_INT4 == CB_I4 && CB_DTYPE_INT4C == CB_I4C
+               && CB_DTYPE_LAST == CB_I4C, "kernels.h's dtype codes are the format's");
+_Static_assert(CB_INT4_BLOCK_BYTES * 2 == CB_Q8_BLOCK, "an int4 block: two values a byte");
 _Static_assert(CB_Q8_BLOCK == CB_ACT_BLOCK && CB_TILE16_ROWS == CB_TILE_ROWS, "kernels.h's q8 shapes are the format's");
 
 /* Tokens a prefill block may hold: at most the format's CB_MAX_PREFILL_BLOCK (128), so each expert's
@@ -141,9 +143,14 @@ static inline int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
     return (flags & CB_FLAG_DENSE_LAYERS) && l < CB_DENSE_MAP_LAYERS && (blob[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1);
 }
 
-/* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. */
+static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
+
+/* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. int4 has
+ * integer kernels only (any cols: a last partial block is zero-padded); blob.c refuses it without xq. */
 static inline int cb_is_q8(const cb_model *m, unsigned dtype, uint64_t cols, uint64_t group)
 {
+    if (cb_is_int4(dtype))
+        return m->xq_off != 0;
     return m->xq_off && (dtype == CB_I8 || dtype == CB_I8C) && cols % CB_Q8_BLOCK == 0 && group % CB_Q8_BLOCK == 0;
 }
 

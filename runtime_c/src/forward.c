@@ -39,7 +39,7 @@ static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
     };
     t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
     t.q8 = (uint8_t)cb_is_q8(&c->m, t.dtype, t.cols, t.group_size);
-    t.tiled = (uint8_t)(t.q8 && c->m.layout == CB_LAYOUT_TILED16);
+    t.tiled = (uint8_t)(t.q8 && !cb_is_int4(t.dtype) && c->m.layout == CB_LAYOUT_TILED16); /* int4: rows */
     return t;
 }
 
@@ -49,13 +49,13 @@ static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n te
 }
 
 /* The n rows x[j] of width cols quantized into the xq buffer (FORMAT.md "Integer matmuls"), for every
- * q8 matrix that takes them; NULL when no matrix can (float activations, or cols not whole blocks).
+ * q8 matrix that takes them; NULL without integer matmuls (float activations).
  * The xq buffer holds one quantized row per token of a block: the rows stay valid until the next call. */
 static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, size_t n, size_t cols, cb_xq *xq)
 {
-    if (!c->m.xq_off || cols % CB_Q8_BLOCK != 0)
+    if (!c->m.xq_off) /* (a width of partial blocks is quantized too: int4 matrices take any) */
         return NULL;
-    size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = cols / CB_Q8_BLOCK;
+    size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK);
     size_t q_bytes = (size_t)cb_align64(blocks * CB_Q8_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
     for (size_t j = 0; j < n; j++) {
         /* the context is at arena offset 0, the xq buffer at xq_off: block rows of row bytes */

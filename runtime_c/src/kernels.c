@@ -339,6 +339,13 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
     } else if (t->dtype == CB_F16) {
         for (size_t c = 0; c < cols; c++)
             out[c] = cb_f16_to_f32(((const uint16_t *)row)[c]);
+    } else if (t->dtype == CB_I4 || t->dtype == CB_I4C) {
+        const uint8_t *b = (const uint8_t *)row; /* block g: 16 bytes, columns 32g + i and 32g + 16 + i */
+        for (size_t c = 0; c < cols; c++) {
+            size_t i = c % CB_ACT_BLOCK, byte = c / CB_ACT_BLOCK * (CB_ACT_BLOCK / 2) + i % (CB_ACT_BLOCK / 2);
+            int v = (i < CB_ACT_BLOCK / 2 ? b[byte] & 15 : b[byte] >> 4) - 8;
+            out[c] = cb_scale(t, r, c / CB_ACT_BLOCK) * (float)v;
+        }
     } else {
         const int8_t *q = (const int8_t *)row;
         /* a tiled row: its four bytes of column group c / 4 sit at 64 * (c / 4) + 4 * (r % 16) in its tile */

@@ -21,11 +21,13 @@
 
 #include "arch/select.h"
 
-enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4 }; /* weight and scale dtypes, as in FORMAT.md */
+enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6 }; /* weight and scale dtypes, as in FORMAT.md */
 
 /* One validated weight matrix, pointers into the blob. W[r][c] =
  * scale[r][c / group_size] * q[r][c] (I8, I8C), plus oval[i] at flat index
- * idx[i] = idx[i-1] + ogap[i] (idx[0] = ogap[0]) for I8C; F32 and F16 are stored as is. */
+ * idx[i] = idx[i-1] + ogap[i] (idx[0] = ogap[0]) for I8C and I4C; F32 and F16 are stored as is.
+ * I4/I4C: q[r][c] = nibble - 8 in [-8, 7], group_size CB_ACT_BLOCK, rows of 16 bytes a block: byte i
+ * of block b holds column 32b + i in its low nibble and 32b + 16 + i in its high one. */
 typedef struct cb_tensor {
     const uint8_t *data;   /* rows * row_stride bytes */
     const uint8_t *scales; /* rows * n_groups scales of scale_dtype (I8, I8C) */
@@ -127,6 +129,16 @@ void cb_matmul_q8_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, con
 
 /* The path cb_matmul_q8 takes: arch/select.h's CB_ISA_Q8_NAME ("scalar", "avx2", "neon-dotprod", ...). */
 const char *cb_kernels_q8_isa(void);
+
+/* ---- int4 matmuls ----
+ * An I4/I4C tensor (always q8: any cols, a last partial block's nibbles 8, i.e. 0) goes through
+ * cb_matmul_q8 like an int8 one, with isum_b the exact int32 sum over the block's columns of
+ * (nibble - 8) * q, and then the same float steps, corrections and alpha, in the same order.
+ * cb_matmul_q4_scalar is that definition with the scalar block dot; every ISA path equals it bit for bit. */
+void cb_matmul_q4_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
+                         const float *const *x, float *const *y, const float *alpha, int accumulate);
+/* arch/select.h's CB_ISA_Q4_NAME: the block dot cb_matmul_q8 uses for int4 ("avx2", "neon-dotprod", ...) */
+const char *cb_kernels_q4_isa(void);
 
 /* scale[r][g] of an I8/I8C tensor as f32, in either layout */
 float cb_scale(const cb_tensor *t, size_t r, size_t g);

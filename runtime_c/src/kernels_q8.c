@@ -21,6 +21,48 @@
 #include "arch/riscv/q8.h"
 #include "arch/cortex-m/q8.h"
 #include "arch/scalar/q8.h"
+#include "arch/x86/q4.h"
+#include "arch/arm/q4.h"
+#include "arch/riscv/q4.h"
+#include "arch/cortex-m/q4.h"
+#include "arch/scalar/q4.h"
+
+/* The int4 matmul (kernels.h "int4 matmuls") with a given block dot: per row and token, the blocks in
+ * order with the float steps of cb_matmul_q8_scalar, then cb_finish (corrections, alpha). */
+#define CB_MATMUL_Q4(name, dot32)                                                                          \
+    static void name(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,                  \
+                     const float *const *x, float *const *y, const float *alpha, int accumulate)           \
+    {                                                                                                      \
+        const size_t blocks = t->n_groups;                                                                 \
+        cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;                                     \
+        for (size_t r = r0; r < r1; r++, o = next) {                                                       \
+            const uint8_t *w = t->data + r * t->row_stride;                                                \
+            for (size_t j = 0; j < n; j++) {                                                               \
+                float acc = 0.0f;                                                                          \
+                for (size_t b = 0; b < blocks; b++) {                                                      \
+                    float f = (float)dot32(w + b * (CB_ACT_BLOCK / 2), xq[j].q + b * CB_ACT_BLOCK, xq[j].s[b]); \
+                    f = f * xq[j].d[b];                                                                    \
+                    f = f * cb_scale(t, r, b);                                                             \
+                    acc = acc + f;                                                                         \
+                }                                                                                          \
+                next = cb_finish(t, o, r, x[j], acc, alpha[j], y[j], accumulate);                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+CB_MATMUL_Q4(cb_matmul_q4_def, cb_dot32_q4_scalar)
+CB_MATMUL_Q4(cb_matmul_q4_isa, cb_dot32_q4_isa)
+
+void cb_matmul_q4_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
+                         const float *const *x, float *const *y, const float *alpha, int accumulate)
+{
+    cb_matmul_q4_def(t, r0, r1, n, xq, x, y, alpha, accumulate);
+}
+
+const char *cb_kernels_q4_isa(void)
+{
+    return CB_ISA_Q4_NAME;
+}
 
 void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
 {
@@ -91,7 +133,10 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
 void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq, const float *const *x,
                   float *const *y, const float *alpha, int accumulate)
 {
-    cb_matmul_q8_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
+    if (t->dtype == CB_I4 || t->dtype == CB_I4C)
+        cb_matmul_q4_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
+    else
+        cb_matmul_q8_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
 }
 
 const char *cb_kernels_q8_isa(void)

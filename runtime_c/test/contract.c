@@ -311,7 +311,7 @@ static int cmd_misuse(const model *m)
     EXPECT(colibri_forward(NULL, &tok, 1, logits, V), COLIBRI_E_NULL, "forward(NULL ctx)");
     EXPECT(colibri_reset(NULL), COLIBRI_E_NULL, "reset(NULL)");
     EXPECT(colibri_info(NULL, &info), COLIBRI_E_NULL, "info(NULL ctx)");
-    for (int s = -1; s <= COLIBRI_E_ARG + 2; s++)
+    for (int s = -1; s <= COLIBRI_E_DTYPE + 2; s++)
         CHECK(colibri_strerror((colibri_status)s) != NULL && colibri_strerror((colibri_status)s)[0] != '\0',
               "strerror(%d)", s);
     printf("ok NULL pointers: COLIBRI_E_NULL; strerror has a string for every value\n");

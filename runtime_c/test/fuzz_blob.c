@@ -44,7 +44,7 @@
 
 static int fuzz_known(colibri_status st)
 {
-    return st >= COLIBRI_OK && st <= COLIBRI_E_ARG && st != COLIBRI_E_MODEL_MISMATCH;
+    return st >= COLIBRI_OK && st <= COLIBRI_E_DTYPE && st != COLIBRI_E_MODEL_MISMATCH;
 }
 
 static void *fuzz_alloc(size_t n) /* 64-aligned and exactly n bytes, so ASan sees a read one past the end */

@@ -31,4 +31,8 @@
 #define cb_dot32_isa cb_dot32_scalar
 #endif
 
+#if !defined(CB_HAS_Q4_DOT)
+#define cb_dot32_q4_isa cb_dot32_q4_scalar
+#endif
+
 #endif /* CB_ARCH_FALLBACK_H */

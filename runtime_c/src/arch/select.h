@@ -8,6 +8,7 @@
  *                    DSP), or CB_ARCH_SCALAR (no folder of its own but scalar/);
  *   CB_ISA_NAME      the path of the float-activation matmul (cb_kernels_isa());
  *   CB_ISA_Q8_NAME   the path of the integer matmul (cb_kernels_q8_isa());
+ *   CB_ISA_Q4_NAME   the path of the int4 matmul (cb_kernels_q4_isa());
  *   CB_HAS_<KERNEL>  the kernels the family's headers provide (listed below; fallback.h maps every
  *                    other one to the scalar kernel of arch/scalar/);
  *   feature macros   the variant inside a folder (CB_X86_AVX512, CB_ARM_DOTPROD, CB_CM_DSP, ...):
@@ -29,6 +30,7 @@
  *   CB_HAS_Q8_TILES  cb_matmul_q8 over the tiled layout: cb_tile_dot   (q8.h)
  *   CB_HAS_Q8_QUAD   with it, four tokens per pass over a tile          (q8.h)
  *   CB_HAS_Q8_ROWS   the int32 dot of 32 weights of a row-major row     (q8.h)
+ *   CB_HAS_Q4_DOT    the int32 dot of one int4 block with 32 activations (q4.h)
  */
 #ifndef CB_ARCH_SELECT_H
 #define CB_ARCH_SELECT_H
@@ -54,6 +56,8 @@
 #define CB_HAS_MATMUL 1
 #endif
 #if defined(__AVX2__)
+#define CB_HAS_Q4_DOT 1 /* PMADDUBSW (AVX-512 builds too: VNNI not yet used for int4) */
+#define CB_ISA_Q4_NAME "avx2"
 #define CB_HAS_DOT 1
 #define CB_HAS_ATTN 1
 #define CB_HAS_EXP 1
@@ -91,11 +95,19 @@
 #else
 #define CB_ISA_Q8_NAME "neon" /* SMULL/SMLAL/SADALP */
 #endif
+#define CB_HAS_Q4_DOT 1
+#if defined(CB_ARM_I8MM) || defined(CB_ARM_DOTPROD)
+#define CB_ISA_Q4_NAME "neon-dotprod"
+#else
+#define CB_ISA_Q4_NAME "neon"
+#endif
 
 #elif defined(__riscv_vector) && defined(__riscv_v_intrinsic)
 #define CB_ARCH CB_ARCH_RISCV
 #define CB_ISA_NAME "rvv"
 #define CB_ISA_Q8_NAME "rvv"
+#define CB_ISA_Q4_NAME "rvv"
+#define CB_HAS_Q4_DOT 1
 #define CB_HAS_MATMUL 1
 #define CB_HAS_Q8_TILES 1
 
@@ -108,10 +120,13 @@
 #if defined(__ARM_FEATURE_MVE)
 #define CB_CM_MVE 1 /* VMLADAV */
 #define CB_ISA_Q8_NAME "mve"
+#define CB_ISA_Q4_NAME "mve"
 #else
 #define CB_CM_DSP 1 /* SMLAD */
 #define CB_ISA_Q8_NAME "dsp"
+#define CB_ISA_Q4_NAME "dsp"
 #endif
+#define CB_HAS_Q4_DOT 1
 #define CB_HAS_Q8_ROWS 1
 
 #else
@@ -123,6 +138,9 @@
 #endif
 #if !defined(CB_ISA_Q8_NAME)
 #define CB_ISA_Q8_NAME "scalar"
+#endif
+#if !defined(CB_ISA_Q4_NAME)
+#define CB_ISA_Q4_NAME "scalar"
 #endif
 
 /* The f16 -> f32 conversion of cbmath.h, kernels or not (every f16 is exactly an f32, so the hardware
