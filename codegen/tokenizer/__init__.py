@@ -1,0 +1,6 @@
+"""The model's own tokenizer: tokenizer.json -> the blob's tokenizer section, run by runtime_c/src/text/."""
+
+from .load import Tokenizer, load_tokenizer
+from .pack import pack
+
+__all__ = ["Tokenizer", "load_tokenizer", "pack"]
