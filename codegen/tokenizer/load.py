@@ -133,6 +133,25 @@ def _special_id(cfg: dict, key: str, vocab: dict[str, int], added: dict[str, int
     return added.get(v, vocab.get(v))
 
 
+def _template_specials(post: Any, path: Path) -> tuple[int | None, int | None]:
+    """The ids a TemplateProcessing post-processor puts before and after a single sequence."""
+    if not isinstance(post, dict) or post.get("type") != "TemplateProcessing":
+        return None, None
+    single, specials = post.get("single") or [], post.get("special_tokens") or {}
+
+    def sid(item: Any) -> int | None:
+        if not (isinstance(item, dict) and "SpecialToken" in item):
+            return None
+        ids = (specials.get(item["SpecialToken"].get("id")) or {}).get("ids") or []
+        if len(ids) != 1:
+            raise _refuse(path, "post_processor TemplateProcessing with a multi-id special token")
+        return int(ids[0])
+
+    if sum(1 for it in single if isinstance(it, dict) and "Sequence" in it) != 1 or len(single) > 3:
+        raise _refuse(path, "post_processor TemplateProcessing other than [BOS] $A [EOS]")
+    return (sid(single[0]) if single else None), (sid(single[-1]) if len(single) > 1 else None)
+
+
 def load_tokenizer(ckpt: str | Path) -> Tokenizer:
     """The tokenizer of a checkpoint directory (tokenizer.json required, tokenizer_config.json optional)."""
     ckpt = Path(ckpt)
@@ -210,11 +229,17 @@ def load_tokenizer(ckpt: str | Path) -> Tokenizer:
             if c not in vocab:
                 raise ExportError(path, f"ByteLevel vocabulary lacks the byte {b:#04x} ({c!r})")
     unk = model.get("unk_token")
+    bos, eos = _special_id(cfg, "bos_token", vocab, added_ids), _special_id(cfg, "eos_token", vocab, added_ids)
+    add_bos, add_eos = cfg.get("add_bos_token"), cfg.get("add_eos_token")
+    tpl = _template_specials(tj.get("post_processor"), path)
+    if add_bos is None:  # what HF's encode(add_special_tokens=True) adds: the post-processor's template
+        add_bos, bos = (True, tpl[0]) if tpl[0] is not None else (False, bos)
+    if add_eos is None:
+        add_eos, eos = (True, tpl[1]) if tpl[1] is not None else (False, eos)
     return Tokenizer(
         kind=kind, pretok=pretok, pieces=pieces, merges=merges, added=added,
         ignore_merges=bool(model.get("ignore_merges")), byte_fallback=byte_fallback, nfc=nfc, prepend=prepend,
-        bos=_special_id(cfg, "bos_token", vocab, added_ids), eos=_special_id(cfg, "eos_token", vocab, added_ids),
-        unk=vocab.get(unk) if isinstance(unk, str) else None,
-        add_bos=bool(cfg.get("add_bos_token", False)), add_eos=bool(cfg.get("add_eos_token", False)),
+        bos=bos, eos=eos, unk=vocab.get(unk) if isinstance(unk, str) else None,
+        add_bos=bool(add_bos), add_eos=bool(add_eos),
         categories=("L", "N") if kind == KIND_BYTELEVEL else (),
     )

@@ -3,7 +3,8 @@
 All words little-endian u32. Header (16 words), then in order: piece offsets [n_vocab+1], ids sorted by
 their piece bytes [n_vocab], merges sorted by (left, right) as (left, right, rank, merged) [4*n_merges],
 added tokens as id | special<<31 [n_added], the 256 byte tokens, the Unicode ranges of each category the
-pre-tokenizer uses (L, N) and, with NFC, the NFC-unsafe codepoints (Q) as inclusive (first, last) pairs, then the piece bytes padded to 4.
+pre-tokenizer uses (L, N) and, with NFC, of the NFC-unsafe codepoints (Q), as inclusive (first, last)
+pairs, then the piece bytes padded to 4.
 """
 
 from __future__ import annotations
