@@ -28,6 +28,7 @@ from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
 from colibri.codegen.reference import Reference  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
 from colibri.runtime import load  # noqa: E402
+from colibri.toolchain.scons.layout import output_dirs  # noqa: E402
 
 from q8_0 import Q8_0Weights  # noqa: E402
 
@@ -114,13 +115,14 @@ def main() -> int:
         label = quant + ("".join(f" {e.split('=')[0].lower()[:3]}={e.split('=')[1]}" for e in extra))
         broot = build / (quant + "".join(e.replace("=", "") for e in extra))
         t0 = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={broot}",
-                        f"MODEL={ckpt.absolute()}", f"QUANT={quant}", *extra], check=True, capture_output=True)
-        out = broot / "host" / ckpt.name
+        res = subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2",
+                              f"BUILD={broot}", f"MODEL={ckpt.absolute()}", f"QUANT={quant}", *extra], check=True,
+                             capture_output=True, text=True)
+        out = output_dirs(res.stdout)["host"]
         manifest = json.loads((out / "manifest.json").read_text())
         rows = [t for t in manifest["tensors"] if t["name"] in quantized]
         bits = sum(t["payload_bits"] for t in rows) / sum(int(np.prod(t["shape"])) for t in rows)
-        m = load(out / f"libcolibri_{ckpt.name}.so")
+        m = load(out / f"libcolibri_{out.name}.so")
         exact = np.mean([adder_task.decode_answer(greedy(m, p, task["max_new_tokens"])) == want
                          for p, (_, want) in zip(prompts, problems, strict=True)])
         kl, top1 = compare(base, teacher_forced(m.forward, m.reset, prompts, fp32_answers))

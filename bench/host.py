@@ -24,16 +24,18 @@ SHAPE = dict(layers=4, hidden=256, ffn=512, heads=8, kv_heads=4, experts=8, top_
 def run_quant(ckpt: Path, work: Path, quant: str, a: argparse.Namespace) -> dict:
     from colibri.codegen.export import ExportOptions, export
     from colibri.runtime import load
+    from colibri.toolchain.scons.layout import output_dirs
 
     t0 = time.perf_counter()
     res = export(ckpt, work / f"gen-{quant}", ExportOptions(quant=quant, max_seq=256))
     export_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2",
-                    f"BUILD={work / quant}", f"MODEL={ckpt}", f"QUANT={quant}", "MAX_SEQ=256"],
-                   check=True, capture_output=True)
+    built = subprocess.run([str(Path(sys.executable).parent / "scons"), "-C", str(ROOT), "-Q", "-j2",
+                            f"BUILD={work / quant}", f"MODEL={ckpt}", f"QUANT={quant}", "MAX_SEQ=256"],
+                           check=True, capture_output=True, text=True)
     build_s = time.perf_counter() - t0
-    so = work / quant / "host" / ckpt.name / f"libcolibri_{ckpt.name}.so"
+    out = output_dirs(built.stdout)["host"]
+    so = out / f"libcolibri_{out.name}.so"
     m = load(so)
     prompt = [(i * 7919) % SHAPE["vocab"] for i in range(a.prefill)]
     prefill, decode = [], []

@@ -30,11 +30,12 @@ import argparse
 import json
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from colibri.toolchain.scons.layout import output_dirs
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -47,7 +48,6 @@ SHAPES = {
 LLAMA_ISSUE = {"30m": {"decode": 2050.0, "prefill": 8300.0}, "288m": {"decode": 240.0, "prefill": 580.0}}
 PREFILL, DECODE = 512, 128  # llama-bench's pp512 and tg128
 GOAL = {"decode": 1.3, "prefill": 1.0}
-EXPERT_KINDS = (10, 11, 12)  # W_GATE, W_DOWN, W_UP (FORMAT.md)
 SCALE_BYTES = {0: 0, 1: 4, 2: 2}
 
 STREAM_C = r"""
@@ -78,22 +78,22 @@ int main(int argc, char **argv) {
 
 def weight_bytes_per_token(blob: Path) -> tuple[int, int]:
     """(bytes of weights one decoded token reads, expected over routing; the blob's bytes)."""
+    from colibri.codegen import format as fmt
+
     with open(blob, "rb") as f:
-        head = f.read(256)
-        n_tensors = struct.unpack_from("<I", head, 24)[0]
-        n_experts, top_k = struct.unpack_from("<II", head, 64)
-        table = f.read(64 * n_tensors)
+        h = fmt.read_header(f.read(fmt.HEADER_BYTES))
+        table = f.read(fmt.ENTRY_BYTES * h["n_tensors"])
+    expert_kinds = {fmt.KIND[k].code for k in ("W_GATE", "W_DOWN", "W_UP")}
     total = 0.0
-    for i in range(n_tensors):
-        kind, _layer, _expert, _dt, sdt, rows, cols, stride, group, n_out = struct.unpack_from(
-            "<HHHBBIIIII", table, 64 * i)
-        groups = -(-cols // group) if sdt else 0
-        per_row = stride + groups * SCALE_BYTES.get(sdt, 0)
-        if kind == 1:  # EMBED: one row per token
+    for i in range(h["n_tensors"]):
+        e = fmt.entry(bytes(fmt.HEADER_BYTES) + table, i)
+        groups = -(-e["cols"] // e["group_size"]) if e["scale_dtype"] else 0
+        per_row = e["row_stride"] + groups * SCALE_BYTES.get(e["scale_dtype"], 0)
+        if e["kind"] == fmt.KIND["EMBED"].code:  # one row per token
             nbytes = per_row
         else:
-            nbytes = rows * per_row + 4 * n_out
-        total += nbytes * (top_k / n_experts if kind in EXPERT_KINDS else 1.0)
+            nbytes = e["rows"] * per_row + 4 * e["n_outliers"]
+        total += nbytes * (h["top_k"] / h["n_experts"] if e["kind"] in expert_kinds else 1.0)
     return int(total), blob.stat().st_size
 
 
@@ -134,12 +134,14 @@ def measure(demo: Path, prefill: int, decode: int, reps: int, threads: int) -> d
             for n, rs in runs.items()}
 
 
-def scons(build: Path, ckpt: Path, targets: list[str], quant: str, max_seq: int, *extra: str) -> None:
+def scons(build: Path, ckpt: Path, targets: list[str], quant: str, max_seq: int, *extra: str) -> dict[str, Path]:
+    """Build; {target: its output directory}."""
     argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={build}", f"MODEL={ckpt}",
             f"TARGET={','.join(targets)}", f"QUANT={quant}", f"MAX_SEQ={max_seq}", *extra]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return output_dirs(res.stdout)
 
 
 def callgrind_per_token(demo: Path, n: int = 4) -> float | None:
@@ -216,11 +218,10 @@ def main() -> int:
         build = work / "b"
         t0 = time.perf_counter()
         cross = qemu if shape == "30m" else []
-        scons(build, ckpt, targets + cross, a.quant, max_seq)
-        scons(build, ckpt, targets + cross, a.quant, max_seq, "KERNELS=scalar")
+        outs = {"simd": scons(build, ckpt, targets + cross, a.quant, max_seq),
+                "scalar": scons(build, ckpt, targets + cross, a.quant, max_seq, "KERNELS=scalar")}
         print(f"[{shape}] export + builds: {time.perf_counter() - t0:.1f} s", flush=True)
-        name = ckpt.name
-        wpt, blob_bytes = weight_bytes_per_token(build / targets[0] / name / "model.bin")
+        wpt, blob_bytes = weight_bytes_per_token(outs["simd"][targets[0]] / "model.bin")
         bw_blob = stream_gbs(work, blob_bytes)
         bw_dram = stream_gbs(work, 1 << 30)
         print(f"[{shape}] {json.dumps(kw)}\n[{shape}] blob {blob_bytes / 1e6:.1f} MB; weights read per decoded "
@@ -235,7 +236,7 @@ def main() -> int:
         for t in targets:
             res = {}
             for kern in ("simd", "scalar"):
-                out = build / (t if kern == "simd" else f"{t}-scalar") / name
+                out = outs[kern][t]
                 both = measure(out / "colibri_demo", a.prefill, a.decode, a.reps, a.threads)
                 res[kern] = both[1]
                 res[kern]["par"] = both[a.threads]
@@ -263,7 +264,7 @@ def main() -> int:
         for t in cross:
             secs = {}
             for kern in ("simd", "scalar"):  # 16 more decoded tokens: init (blob CRC) and prefill cancel out
-                demo = build / (t if kern == "simd" else f"{t}-scalar") / name / "colibri_demo"
+                demo = outs[kern][t] / "colibri_demo"
                 secs[kern] = statistics.median(qemu_seconds(t, demo, 17) - qemu_seconds(t, demo, 1)
                                                for _ in range(3))
             print(f"[{shape}] {t:<12} QEMU wall time of 16 decoded tokens: SIMD {secs['simd']:.2f} s, "

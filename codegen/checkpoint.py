@@ -6,7 +6,6 @@ later, one tensor at a time, by `Checkpoint.get`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -15,6 +14,7 @@ import numpy as np
 
 from .errors import ExportError
 from .importers import Importer, find_importer
+from .safeio import read_json
 from .safetensors_reader import FLOAT_DTYPES, SafetensorsFile, TensorInfo
 from .spec import ModelSpec, canonical_shape
 
@@ -22,38 +22,30 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def _load_json(path: Path, what: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ExportError(path, f"{what} not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExportError(path, f"cannot read {what}: {e}") from None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise ExportError(path, f"invalid JSON: {e}") from None
+def _present(path: Path) -> bool:
+    """The name exists, whatever it is (a FIFO or a dangling link is then refused by safeio, naming it)."""
+    return path.exists() or path.is_symlink()
 
 
 def _shard_files(directory: Path) -> tuple[dict[str, SafetensorsFile], Path, dict[str, str] | None]:
     """The safetensors files, the file that lists the tensors (for errors), and the index weight map."""
     single = directory / SINGLE_FILE
-    if single.is_file():
+    if _present(single):
         f = SafetensorsFile(single)
         return {SINGLE_FILE: f}, single, None
     index_path = directory / INDEX_FILE
-    if not index_path.is_file():
+    if not _present(index_path):
         raise ExportError(directory, f"no {SINGLE_FILE} and no {INDEX_FILE}")
-    index = _load_json(index_path, "index")
+    index = read_json(index_path, "index", kind="index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ExportError(index_path, "key 'weight_map': missing or not an object of tensor name -> shard file")
     files: dict[str, SafetensorsFile] = {}
     for shard in sorted(set(weight_map.values())):
         rel = PurePosixPath(shard)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\0" in shard:
             raise ExportError(index_path, f"shard {shard!r} is not a file inside the checkpoint directory")
-        if not (directory / rel).is_file():
+        if not _present(directory / rel):
             raise ExportError(index_path, f"shard {shard} listed in weight_map does not exist")
         files[shard] = SafetensorsFile(directory / rel)
     return files, index_path, weight_map
@@ -142,7 +134,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if not directory.is_dir():
         raise ExportError(directory, "not a checkpoint directory" if directory.exists() else "does not exist")
     config_path = directory / "config.json"
-    config = _load_json(config_path, "config.json")
+    config = read_json(config_path, "config.json")
     if not isinstance(config, dict):
         raise ExportError(config_path, "not a JSON object")
     importer = find_importer(config, config_path)

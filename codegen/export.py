@@ -14,20 +14,23 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__
-from .blob import BlobWriter, feature_flags, format_version
+from .blob import BlobWriter, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
+from .format import blob_names, feature_flags, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
-from .quantize import DEFAULT_OUTLIER_FRAC, QUANTS, QuantTensor
+from .quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS, QuantTensor
 from .reference import Reference, WeightSource, rope_inv_freq
+from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
 from .stream import pool_workers, quantize_all
 
 DEFAULT_MAX_SEQ_CAP = 256
+MAX_SEQ_LIMIT = 1 << 20  # KV cache positions: more is no embedded model
 PREDICT_MAX_PARAMS = 80_000_000  # above this the probe (which re-reads weights as it goes) takes too long
 PROBE_CACHE_BYTES = 48 << 20  # per side: the probe reads weights when used and keeps at most this many
 PROBE_SEQS, PROBE_LEN = 3, 12
@@ -46,7 +49,7 @@ HIGHER_PRECISION = {
 
 @dataclass
 class ExportOptions:
-    quant: str = "int8c"
+    quant: str = DEFAULT_QUANT
     group_size: int = 0  # 0: one scale per output row
     outlier_frac: float = DEFAULT_OUTLIER_FRAC
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
@@ -72,19 +75,51 @@ def default_max_seq(spec: ModelSpec) -> int:
     return max(1, min(spec.max_position, DEFAULT_MAX_SEQ_CAP))
 
 
-def _demo_defaults(ckpt_dir: Path) -> dict:
-    """The checkpoint's own built-in prompt, if it ships a colibri.json ({"prompt": [...], "generate": n})."""
-    path = ckpt_dir / "colibri.json"
-    if not path.is_file():
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+DEMO_FILE = "colibri.json"
+DEMO_KEYS = ("prompt", "generate")
+
+
+def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
+    """The checkpoint's own built-in prompt, if it ships a colibri.json: a JSON object with an optional
+    "prompt" (a list of token ids in [0, vocab)) and an optional "generate" (a positive integer)."""
+    path = ckpt_dir / DEMO_FILE
+    if not (path.exists() or path.is_symlink()):
         return {}
-    try:
-        data = json.loads(path.read_text())
-        prompt, generate = data.get("prompt", []), data.get("generate", 0)
-        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and isinstance(generate, int)):
-            raise ValueError("expected {\"prompt\": [token ids], \"generate\": n}")
-    except (OSError, ValueError) as e:
-        raise ExportError(path, f"unreadable: {e}") from None
-    return {"prompt": prompt, "generate": generate}
+    data = read_json(path, DEMO_FILE)
+    if not isinstance(data, dict):
+        raise ExportError(path, f"expected a JSON object {{\"prompt\": [token ids], \"generate\": n}}, "
+                                f"got {type(data).__name__ if data is not None else 'null'}")
+    unknown = sorted(set(data) - set(DEMO_KEYS))
+    if unknown:
+        raise ExportError(path, f"unknown key {unknown[0]!r} (known: {', '.join(DEMO_KEYS)})")
+    out = {}
+    if "prompt" in data:
+        prompt = data["prompt"]
+        if not isinstance(prompt, list):
+            raise ExportError(path, f"key 'prompt': expected a list of token ids, got {_short(prompt)}")
+        for i, t in enumerate(prompt):
+            if not _is_int(t):
+                raise ExportError(path, f"key 'prompt': element {i} is {_short(t)}, not an integer token id")
+            if not 0 <= t < vocab:
+                raise ExportError(path, f"key 'prompt': element {i} is {_short(t)}, outside the vocabulary "
+                                        f"[0, {vocab})")
+        out["prompt"] = prompt
+    if "generate" in data:
+        generate = data["generate"]
+        if not _is_int(generate) or generate < 1:
+            raise ExportError(path, f"key 'generate': expected a positive integer, got {_short(generate)}")
+        out["generate"] = generate
+    return out
+
+
+def _short(v: Any) -> str:
+    """A value for an error line: its repr, cut short (a prompt may hold a million digits)."""
+    text = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int]:
@@ -97,21 +132,37 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if opts.group_size < 0:
         raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
     max_seq = opts.max_seq or default_max_seq(spec)
-    if not 1 <= max_seq <= 1 << 20:
-        raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, 1048576]")
+    if not 1 <= max_seq <= MAX_SEQ_LIMIT:
+        raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, {MAX_SEQ_LIMIT}]")
     max_block = opts.max_prefill_block
     if not 1 <= max_block <= MAX_PREFILL_BLOCK:
         raise ExportError(ckpt_dir, f"largest prefill block {max_block} outside [1, {MAX_PREFILL_BLOCK}]")
     if not 0 <= opts.prefill_block <= max_block:
         why = "" if max_block == MAX_PREFILL_BLOCK else f" (the target's runtime takes {max_block})"
         raise ExportError(ckpt_dir, f"--prefill-block {opts.prefill_block} outside [1, {max_block}]{why}")
-    demo = _demo_defaults(ckpt_dir)
-    prompt = opts.prompt or demo.get("prompt") or [t % spec.vocab for t in (3, 17, 42)]
-    generate = opts.generate or demo.get("generate") or 16
-    if any(not 0 <= t < spec.vocab for t in prompt):
-        raise ExportError(ckpt_dir, f"prompt token outside [0, {spec.vocab})")
+    if opts.generate < 0:
+        raise ExportError(ckpt_dir, f"--generate {opts.generate} is negative")
+    demo = _demo_defaults(ckpt_dir, spec.vocab)
+    # where each value comes from, for the error line: the option, colibri.json or the default
+    where = ckpt_dir / DEMO_FILE
+    if opts.prompt:
+        prompt, prompt_from = opts.prompt, "--prompt"
+    elif "prompt" in demo and demo["prompt"]:
+        prompt, prompt_from = demo["prompt"], f"{where} prompt"
+    else:
+        prompt, prompt_from = [t % spec.vocab for t in (3, 17, 42)], "the default prompt"
+    if opts.generate:
+        generate, gen_from = opts.generate, "--generate"
+    elif "generate" in demo:
+        generate, gen_from = demo["generate"], f"{where} generate"
+    else:
+        generate, gen_from = 16, "the default generate"
+    bad = next((t for t in prompt if not _is_int(t) or not 0 <= t < spec.vocab), None)
+    if bad is not None:
+        raise ExportError(ckpt_dir, f"{prompt_from}: token {_short(bad)} outside the vocabulary [0, {spec.vocab})")
     if len(prompt) + generate > max_seq:
-        raise ExportError(ckpt_dir, f"prompt + {generate} generated tokens exceed max_seq {max_seq}")
+        raise ExportError(ckpt_dir, f"{prompt_from} ({len(prompt)} tokens) + {gen_from} ({generate} tokens) exceed "
+                                    f"max_seq {max_seq}, the KV cache positions of the model (--max-seq)")
     return max_seq, prompt, generate
 
 
@@ -179,8 +230,8 @@ def export(
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block)
-    names = canonical_names(spec)
-    order = names[:1] + ["rope_freq"] + names[1:]
+    order = blob_names(spec)
+    names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
     src_sizes = _source_bytes(source, spec, names)
     src_bytes = sum(src_sizes.values())
@@ -188,20 +239,21 @@ def export(
     rows: list[dict] = []
     sq_err = sq_norm = 0.0
     progress = tensor_progress(report, terminal, len(names), src_bytes)
-    with staged_dir(Path(out_dir)) as tmp:
+    with staged_dir(Path(out_dir), protect=(ckpt.path,)) as tmp:
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
+            derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
                     writer.add(q.name, q.qt)
-                    row = {**q.row, "offset": writer.records[-1].offset, "bytes": writer.records[-1].nbytes,
-                           "payload_bits": q.qt.payload_bits()}
+                    row = {**q.row, **tensor_fields(q.name), "offset": writer.records[-1].offset,
+                           "bytes": writer.records[-1].nbytes, "payload_bits": q.qt.payload_bits()}
                     rows.append(row)
                     sq_err += (row["rel_error"] ** 2) * q.norm2
                     sq_norm += q.norm2
                     progress.tensor_done(_tensor_line(row), src_sizes[q.name])
-                    if q.name == names[0]:
-                        writer.add("rope_freq", QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :]))
+                    while len(writer.records) < len(order) and order[len(writer.records)] in derived:
+                        writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
@@ -269,7 +321,7 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
 def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:
     """Blob bytes the dropped experts would have taken: their tensors (the mean of the kept experts', exact
     unless int8c corrections differ), their table entries and their router rows."""
-    from .blob import ENTRY_BYTES, ROW_ALIGN
+    from .format import ENTRY_BYTES, ROW_ALIGN
     from .plan import align_up
 
     n_dropped = (before.n_experts - after.n_experts) * len(after.moe_layers)

@@ -8,18 +8,17 @@ from its header, plus format version, quantization of its tensors, per-expert by
 from __future__ import annotations
 
 import math
-import struct
+import os
 import zlib
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .blob import ENTRY_BYTES, HEADER_FIXED, KINDS, MAGIC, TABLE_ENTRY, read_header
+from . import format as fmt
 from .errors import ExportError
-from .layout import LAYOUTS
+from .safeio import open_regular
 from .spec import ModelSpec
 
-_DTYPE_NAMES = {1: "f32", 2: "f16", 3: "int8", 4: "int8c"}
-_KIND_NAMES = {v: k for k, v in KINDS.items()}
+_EXPERT_KINDS = {fmt.KIND[k].code for k in ("W_GATE", "W_DOWN", "W_UP")}
 _SOURCE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
@@ -71,37 +70,68 @@ def inspect_checkpoint(path: Path) -> dict:
 
 def _spec_from_header(h: dict) -> ModelSpec:
     flags = h["flags"]
+    f = fmt.FLAG
     return ModelSpec(
-        arch="mixtral" if not flags & ~1 else "qwen2_moe" if flags & 2 else "qwen3_moe" if flags & 4
-        else "olmoe" if flags & 8 else "deepseek",
+        arch="mixtral" if not flags & ~f["TIED"] else "qwen2_moe" if flags & f["QKV_BIAS"]
+        else "qwen3_moe" if flags & f["QK_NORM_HEAD"] else "olmoe" if flags & f["QK_NORM_FULL"] else "deepseek",
         vocab=h["vocab"], hidden=h["hidden"], n_layers=h["n_layers"], n_heads=h["n_heads"],
         n_kv_heads=h["n_kv_heads"], head_dim=h["head_dim"], ffn=h["ffn"], n_experts=h["n_experts"], top_k=h["top_k"],
-        rms_eps=h["rms_eps"] or 1e-6, rope_theta=h["rope_theta"] or 1e4, tied=bool(flags & 1),
-        max_position=h["max_seq"], qkv_bias=bool(flags & 2),
-        qk_norm="head" if flags & 4 else "full" if flags & 8 else "none", norm_topk_prob=not flags & 16,
-        routed_scale=h["routed_scale"], shared_ffn=h["shared_ffn"], shared_gate=bool(flags & 64),
-        dense_ffn=h["dense_ffn"], dense_layers=tuple(h["dense_layers"]),
+        rms_eps=h["rms_eps"] or 1e-6, rope_theta=h["rope_theta"] or 1e4, tied=bool(flags & f["TIED"]),
+        max_position=h["max_seq"], qkv_bias=bool(flags & f["QKV_BIAS"]),
+        qk_norm="head" if flags & f["QK_NORM_HEAD"] else "full" if flags & f["QK_NORM_FULL"] else "none",
+        norm_topk_prob=not flags & f["TOPK_NO_NORM"],
+        routed_scale=h["routed_scale"] if flags & f["ROUTED_SCALE"] else 1.0, shared_ffn=h["shared_ffn"],
+        shared_gate=bool(flags & f["SHARED_GATE"]), dense_ffn=h["dense_ffn"],
+        dense_layers=tuple(fmt.dense_layers_of(h)),
     )
 
 
-_LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+def _count_problem(h: dict, blob_len: int) -> str | None:
+    """Why the header's dims cannot be this blob's (checked with arithmetic only, as the C validator does,
+    before anything is built per layer or expert); None when they can."""
+    n_dense = sum(1 for layer in fmt.dense_layers_of(h) if layer < h["n_layers"]) \
+        if h["flags"] & fmt.FLAG["DENSE_LAYERS"] else 0
+    implied = fmt.n_tensors(h["flags"], h["n_layers"], h["n_experts"], n_dense)
+    if implied != h["n_tensors"]:
+        return f"the dims imply {implied} tensors, the header says {h['n_tensors']}"
+    if fmt.HEADER_BYTES + fmt.ENTRY_BYTES * implied > blob_len:
+        return "tensor table beyond the blob"
+    return None
+
+
+def _read_blob(path: Path) -> bytes:
+    """The blob's bytes (a regular file only: safeio refuses FIFOs, devices, directories)."""
+    fd = open_regular(path, "blob")
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(os.fstat(fd).st_size)  # not more: the file may grow meanwhile
+    except OSError as e:
+        raise ExportError(path, f"cannot read the blob: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
 
 
 def inspect_blob(path: Path) -> dict:
-    raw = Path(path).read_bytes()
-    if len(raw) < HEADER_FIXED or struct.unpack_from("<I", raw)[0] != MAGIC:
+    raw = _read_blob(path)
+    if len(raw) < fmt.HEADER_BYTES or fmt.read_header(raw)["magic"] != fmt.MAGIC:
         raise ExportError(path, "not a colibri blob (bad magic)")
-    h = read_header(path)
-    crc = zlib.crc32(raw[12:]) if len(raw) == h["blob_bytes"] else None
+    h = fmt.read_header(raw)
+    for name, bound in fmt.SIZE_BOUNDS:
+        if h[name] > bound:
+            raise ExportError(path, f"header field {name} is {h[name]}, above the format's limit of {bound}")
+    crc = zlib.crc32(raw[fmt.CRC_FROM:]) if len(raw) == h["blob_bytes"] else None
+    layout = fmt.LAYOUT_NAMES.get(h["layout"], f"unknown ({h['layout']})")
     out: dict = {"kind": "blob", "path": str(path), "format_version": f"{h['version_major']}.{h['version_minor']}",
                  "blob_bytes": len(raw), "arena_bytes": h["arena_bytes"], "max_seq": h["max_seq"],
-                 "layout": _LAYOUT_NAMES.get(h["layout"], f"unknown ({h['layout']})"),
-                 "integer_matmuls": bool(h["xq_offset"]),
+                 "layout": layout, "integer_matmuls": bool(h["xq_offset"]),
                  "crc32": f"{h['crc32']:08x}",
                  "crc_ok": crc == h["crc32"],
                  "crc_status": "ok" if crc == h["crc32"] else
                  ("length mismatch" if crc is None else f"MISMATCH (computed {crc:08x})")}
+    problem = _count_problem(h, len(raw))
     try:
+        if problem is not None:
+            raise ValueError(problem)
         spec = _spec_from_header(h)
         out.update(_spec_summary(spec))
         out["family"] = out["family"] + " (guessed from the flags)" if spec.arch != "mixtral" else "mixtral-like"
@@ -109,20 +139,20 @@ def inspect_blob(path: Path) -> dict:
         out["header_problem"] = str(e)
     quant, per_expert, weights_bytes = Counter(), defaultdict(int), 0
     n = h["n_tensors"]
-    if HEADER_FIXED + ENTRY_BYTES * n > len(raw):
+    if fmt.HEADER_BYTES + fmt.ENTRY_BYTES * n > len(raw):
         out["table_problem"] = "tensor table beyond the blob"
         return out
-    ends = sorted({struct.unpack_from("<Q", raw, HEADER_FIXED + ENTRY_BYTES * i + 32)[0] for i in range(n)})
+    entries = [fmt.entry(raw, i) for i in range(n)]
+    ends = sorted({e["data_off"] for e in entries})
     ends.append(len(raw))
-    for i in range(n):
-        e = TABLE_ENTRY.unpack_from(raw, HEADER_FIXED + ENTRY_BYTES * i)
-        kind, layer, expert, dtype, rows, cols, data_off = e[0], e[1], e[2], e[3], e[5], e[6], e[11]
+    for e in entries:
+        data_off = e["data_off"]
         nxt = next((x for x in ends if x > data_off), len(raw))
         nbytes = nxt - data_off
         weights_bytes += nbytes
-        quant[_DTYPE_NAMES.get(dtype, f"?{dtype}")] += rows * cols
-        if _KIND_NAMES.get(kind) in ("gate", "down", "up"):
-            per_expert[(layer, expert)] += nbytes
+        quant[fmt.DTYPE_NAMES.get(e["dtype"], f"?{e['dtype']}")] += e["rows"] * e["cols"]
+        if e["kind"] in _EXPERT_KINDS:
+            per_expert[(e["layer"], e["expert"])] += nbytes
     out["quantization"] = {k: v for k, v in quant.items()}
     out["payload_bytes"] = weights_bytes
     if per_expert:
@@ -136,7 +166,7 @@ def inspect(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir() or p.name == "config.json":
         return inspect_checkpoint(p)
-    if p.is_file():
+    if p.exists():  # a FIFO or a device gets safeio's one line, not a hang
         return inspect_blob(p)
     raise ExportError(p, "does not exist")
 

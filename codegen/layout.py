@@ -1,6 +1,6 @@
 """How int8 weights are arranged for the target's kernels, and the activation scratch they need.
 
-Format 1.2 (runtime_c/FORMAT.md "Integer matmuls"): an int8/int8c matrix whose columns and scale
+The blob format (runtime_c/FORMAT.md "Integer matmuls", codegen/format.py): an int8/int8c matrix whose columns and scale
 groups are multiples of ACT_BLOCK is multiplied with int8 activations, quantized per token in blocks
 of ACT_BLOCK with one f32 scale each, and exact int32 dot products; such a matrix is "q8". The kernels
 of a target want its bytes in one of two orders, recorded in the blob header:
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .format import LAYOUTS, TILE_COLS, TILE_ROWS
+from .format import Q8_BLOCK as ACT_BLOCK
 from .spec import ModelSpec
 
-ACT_BLOCK = 32
-TILE_ROWS = 16
-TILE_COLS = 4
-LAYOUTS = {"rows": 1, "tiled16": 2}
+__all__ = ["ACT_BLOCK", "LAYOUTS", "TILE_COLS", "TILE_ROWS"]
 DEFAULT_LAYOUT = "tiled16"
 
 

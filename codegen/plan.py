@@ -9,41 +9,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import format as fmt
 from .layout import xq_row_bytes
 from .spec import ModelSpec
 
-CTX_BYTES = 256  # the runtime's context sits at arena offset 0
-ALIGN = 64
+CTX_BYTES = fmt.CTX_BYTES  # the runtime's context sits at arena offset 0
+ALIGN = fmt.ALIGN
 F32 = 4
 # Tokens one prefill block holds: a prompt runs through the layers this many tokens at a time, each
 # expert's weights read once per block. Recorded in the blob header (FORMAT.md); the runtime
 # accepts 1..its CB_MAX_BLOCK: MAX_PREFILL_BLOCK, or less where the target declares less (max_prefill_block).
 PREFILL_BLOCK = 128
-MAX_PREFILL_BLOCK = 128
+MAX_PREFILL_BLOCK = fmt.MAX_PREFILL_BLOCK
 UNBLOCKED = ("key_cache", "value_cache", "scores")  # buffers that do not grow with the block
 
-# (name, first step, last step) in FORMAT.md order; steps are those of one layer, taken by all the
-# tokens of a block before the next step
-BUFFER_LIFETIMES: tuple[tuple[str, int, int], ...] = (
-    ("key_cache", 0, 11),
-    ("value_cache", 0, 11),
-    ("x", 0, 11),
-    ("xb", 0, 11),
-    ("q", 1, 3),
-    ("att", 3, 4),
-    ("scores", 3, 3),
-    ("router", 7, 8),
-    ("gate", 8, 8),
-    ("up", 8, 8),
-    ("moe", 8, 9),
-    # format 1.1, only in models with a shared expert or dense layers: their MLP's gate and up
-    ("xgate", 8, 8),
-    ("xup", 8, 8),
-)
-N_BASE_BUFFERS = 11
-# format 1.2: int8 activations of the integer matmuls (codegen/layout.py), live through every step;
-# its offset has its own header field, so it comes after the table's buffers
-XQ_BUFFER = ("xq", 0, 11)
+# (name, first step, last step) in FORMAT.md order (codegen/format.py BUFFERS); steps are those of one
+# layer, taken by all the tokens of a block before the next step
+BUFFER_LIFETIMES: tuple[tuple[str, int, int], ...] = tuple((b.name, b.first, b.last) for b in fmt.BUFFERS)
+N_BASE_BUFFERS = fmt.N_BASE_BUFFERS
+# the int8 activations of the integer matmuls (codegen/layout.py), live through every step; its offset
+# has its own header field, so it comes after the table's buffers
+XQ_BUFFER = (fmt.XQ_BUFFER.name, fmt.XQ_BUFFER.first, fmt.XQ_BUFFER.last)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -115,7 +101,7 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1) -> dict[str, 
 
 
 def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
-    """The buffers a model needs: the 11 of format 1.0, plus xgate and xup for a shared expert or dense MLP."""
+    """The buffers a model needs: the base ones, plus xgate and xup for a shared expert or dense MLP."""
     extra = spec.shared_ffn or spec.dense_ffn
     return BUFFER_LIFETIMES if extra else BUFFER_LIFETIMES[:N_BASE_BUFFERS]
 

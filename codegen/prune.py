@@ -23,16 +23,14 @@ import numpy as np
 
 from .errors import ExportError
 from .reference import Reference
+from .safeio import read_text
 from .spec import ModelSpec, canonical_names
 
 
 def read_calibration(path: str | Path, vocab: int) -> list[list[int]]:
     """One sequence of comma- or space-separated token ids per line; blank lines and # comments skipped."""
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise ExportError(p, f"cannot read the calibration set: {e}") from None
+    lines = read_text(p, "calibration set", "calibration").splitlines()
     seqs = []
     for n, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].replace(",", " ").strip()

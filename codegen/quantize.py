@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 QUANTS = ("f32", "f16", "int8", "int8c")
+DEFAULT_QUANT = "int8c"  # what `colibri export` and `colibri build` use unless told
 DEFAULT_OUTLIER_FRAC = 0.005
 F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
 F16_MAX = float(np.finfo(np.float16).max)

@@ -76,13 +76,13 @@ def read_bytes(path: str | Path, what: str, kind: str) -> bytes:
         if size > limit:
             raise ExportError(path, f"{what} is {size} bytes, more than the {limit}-byte limit for such a file")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)  # the file may have grown since fstat
+            data = f.read(size + 1)  # one byte more tells whether it grew since fstat
     except OSError as e:
         raise ExportError(path, f"cannot read {what}: {e.strerror or e}") from None
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise ExportError(path, f"{what} is more than the {limit}-byte limit for such a file")
+    if len(data) != size:
+        raise ExportError(path, f"{what} changed while being read ({size} bytes at open, {len(data)} read)")
     return data
 
 
@@ -96,7 +96,7 @@ def read_text(path: str | Path, what: str, kind: str) -> str:
 
 def parse_json(text: str | bytes, path: str | Path, what: str, **kw: Any) -> Any:
     """JSON with a bound on nesting, checked before the (recursive) parser sees it."""
-    _check_depth(text if isinstance(text, str) else text.decode("utf-8", "replace"), path, what)
+    check_depth(text if isinstance(text, str) else text.decode("utf-8", "replace"), path, what)
     try:
         return json.loads(text, **kw)
     except RecursionError:
@@ -112,7 +112,7 @@ def read_json(path: str | Path, what: str, kind: str = "config", **kw: Any) -> A
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
-def _check_depth(text: str, path: str | Path, what: str) -> None:
+def check_depth(text: str, path: str | Path, what: str) -> None:
     """Brackets outside strings nested deeper than MAX_JSON_DEPTH: refused (a regex scan, no recursion)."""
     if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
         return

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ExportError
+from .safeio import check_depth, open_regular
 
 # Byte size of every dtype the safetensors format defines; only some of them can be converted.
 DTYPE_SIZES = {
@@ -67,9 +68,10 @@ class SafetensorsFile:
         return ExportError(self.path, message, tensor)
 
     def _read_header(self) -> tuple[bytes, int]:
+        fd = open_regular(self.path, "safetensors file")  # a FIFO, device or directory: one line, no hang
         try:
-            size = os.path.getsize(self.path)
-            with open(self.path, "rb") as f:
+            with os.fdopen(fd, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 prefix = f.read(8)
                 if len(prefix) < 8:
                     raise self._fail(f"not a safetensors file: {size} bytes, too short for the 8-byte header length")
@@ -93,9 +95,14 @@ class SafetensorsFile:
     def _parse(self) -> None:
         raw, data_len = self._read_header()
         try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise self._fail(f"not a safetensors file: header is not UTF-8 ({e.reason} at byte {e.start})") from None
+        check_depth(text, self.path, "not a safetensors file: header")
+        try:
+            header = json.loads(text, object_pairs_hook=_reject_duplicates)
+        except RecursionError:
+            raise self._fail("not a safetensors file: header JSON nested too deeply") from None
         except ValueError as e:
             raise self._fail(f"not a safetensors file: invalid header JSON: {e}") from None
         if not isinstance(header, dict):
@@ -147,8 +154,9 @@ class SafetensorsFile:
         if info.dtype not in _NUMPY_DTYPES:
             raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
         buf = bytearray(info.nbytes)
+        fd = open_regular(self.path, "safetensors file")
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(fd, "rb") as f:
                 f.seek(info.start)
                 got = f.readinto(buf)
         except OSError as e:

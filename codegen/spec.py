@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
+from .format import canonical_name, feature_flags, tensor_order
+
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
@@ -91,8 +92,10 @@ class ModelSpec:
 
 
 def _first_problem(s: ModelSpec) -> str | None:
-    if s.arch not in ARCHES:
-        return f"arch {s.arch!r} is not one of {', '.join(ARCHES)}"
+    from .importers import FAMILIES  # the registry (importers import this module)
+
+    if s.arch not in FAMILIES:
+        return f"arch {s.arch!r} is not one of {', '.join(FAMILIES)}"
     for name in _INT_FIELDS:
         v = getattr(s, name)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -135,30 +138,10 @@ def _first_problem(s: ModelSpec) -> str | None:
 
 
 def canonical_names(spec: ModelSpec) -> list[str]:
-    """All canonical tensor names of a model, in canonical order."""
-    names = ["embed"]
-    for layer in range(spec.n_layers):
-        p = f"layers.{layer}."
-        names += [p + "attn_norm", p + "attn.q", p + "attn.k", p + "attn.v", p + "attn.o"]
-        if spec.qkv_bias:
-            names += [p + "attn.q_bias", p + "attn.k_bias", p + "attn.v_bias"]
-        if spec.qk_norm != "none":
-            names += [p + "attn.q_norm", p + "attn.k_norm"]
-        names.append(p + "ffn_norm")
-        if spec.is_dense(layer):
-            names += [p + "mlp.gate", p + "mlp.down", p + "mlp.up"]
-            continue
-        names.append(p + "moe.router")
-        for e in range(spec.n_experts):
-            names += [f"{p}moe.experts.{e}.gate", f"{p}moe.experts.{e}.down", f"{p}moe.experts.{e}.up"]
-        if spec.shared_gate:
-            names.append(p + "moe.shared_gate")
-        if spec.shared_ffn:
-            names += [p + "moe.shared.gate", p + "moe.shared.down", p + "moe.shared.up"]
-    names.append("final_norm")
-    if not spec.tied:
-        names.append("lm_head")
-    return names
+    """All canonical tensor names of a model that come from the checkpoint, in the blob's table order
+    (codegen/format.py; the blob adds the tensors the exporter derives, such as rope_freq)."""
+    order = tensor_order(feature_flags(spec), spec.n_layers, spec.n_experts, spec.dense_layers)
+    return [canonical_name(k, layer, e) for k, layer, e in order if not k.derived]
 
 
 def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .importers import deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe
+from .importers import FAMILIES, IMPORTERS
 from .spec import ModelSpec, canonical_names, canonical_shape
 
 DTYPES = {"f32": ("F32", "float32"), "f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}
@@ -28,11 +28,8 @@ ROUTER_LOGIT_STD = 2.0
 TIED_EMBED_STD = 0.25
 RMS_EPS = 1e-5
 BIAS_STD = 0.2
-ARCHES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek")
-_HF_CLASS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-             "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "deepseek": "DeepseekForCausalLM"}
-_SOURCE_NAMES = {"qwen2_moe": qwen2_moe.NAMES, "qwen3_moe": qwen3_moe.NAMES, "olmoe": olmoe.NAMES,
-                 "deepseek": deepseek.NAMES}
+ARCHES = FAMILIES  # the importers' registry
+_IMPORTER = {imp.family: imp for imp in IMPORTERS}
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -121,7 +118,7 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
 def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
     family = _family_config(spec)
     cfg: dict[str, object] = {
-        "architectures": [_HF_CLASS[spec.arch]],
+        "architectures": [_IMPORTER[spec.arch].architectures[0]],
         "model_type": spec.arch,
         "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
@@ -179,6 +176,23 @@ def _write_weights(tmp: Path, entries: list[tuple[str, str, tuple[int, ...], byt
         weight_map.update({e[0]: fname for e in part})
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors.index.json", "colibri.json")
+
+
+def check_replaceable(out: Path) -> None:
+    """synth replaces only a missing or empty directory or a checkpoint (config.json, the index, colibri.json
+    and *.safetensors files, nothing else); anything else is refused before any work."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ValueError(f"synth: {out} exists and is not a directory; refusing to replace it")
+    other = sorted(p.name for p in out.iterdir() if not (p.name in CHECKPOINT_FILES or p.suffix == ".safetensors")
+                   or not p.is_file())
+    if other:
+        raise ValueError(f"synth: {out} holds {other[0]!r}, not a checkpoint file; refusing to replace it "
+                         "(synth writes into a new or empty directory, or over a checkpoint)")
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:
@@ -251,10 +265,13 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     entries = []
     for name in canonical_names(spec):
         w = _weight(rng, spec, name, heavy_tail)
-        src = mixtral.source_name(name) if arch == "mixtral" else _SOURCE_NAMES[arch].source_name(name)
+        src = _IMPORTER[arch].source_name(name)
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 
-    out = Path(out_dir).absolute()
+    out = Path(os.path.abspath(out_dir))
+    if not out.name:
+        raise ValueError(f"synth: {out} is the root directory")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

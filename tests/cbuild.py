@@ -13,11 +13,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from colibri.toolchain.csources import FLOAT_CFLAGS, WARN_CFLAGS, runtime_sources
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SRC = ROOT / "runtime_c" / "test"
-RUNTIME_SRC = [ROOT / "runtime_c" / "src" / s for s in ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")]
-CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno",
-          "-g", "-O1", "-fno-omit-frame-pointer", f"-I{ROOT / 'runtime_c' / 'include'}"]
+RUNTIME_SRC = runtime_sources()
+CFLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, "-g", "-O1", "-fno-omit-frame-pointer", f"-I{ROOT / 'runtime_c' / 'include'}"]
 # The vector kernels the host build uses (AVX2 / AVX-512 / NEON); COLIBRI_SCALAR forces the scalar ones.
 NATIVE = ["-march=native"] if platform.machine() in ("x86_64", "aarch64") else []
 SCALAR = ["-DCOLIBRI_SCALAR"]

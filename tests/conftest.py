@@ -58,21 +58,25 @@ def golden_ckpts(tmp_path_factory) -> dict[str, Path]:
     return {name: synth(base / name, **kw) for name, kw in GOLDEN.items()}
 
 
+def output_dirs(res: subprocess.CompletedProcess) -> dict[str, Path]:
+    """{target: its output directory} from the lines a build prints."""
+    from colibri.toolchain.scons.layout import output_dirs as parse
+
+    return parse(res.stdout)
+
+
 @pytest.fixture(scope="session")
 def build_model(tmp_path_factory):
-    """build_model(ckpt, quant, target="host", *extra) -> build/<target>/<model>/ of a fresh build root."""
-    from colibri.codegen.emit import c_identifier
-
+    """build_model(ckpt, quant, target="host", *extra) -> the output directory of a fresh build root
+    (build/<target>/<model>/ for the default options, see toolchain/scons/layout.py)."""
     done: dict[tuple, Path] = {}
 
     def get(ckpt: Path, quant: str = "int8c", target: str = "host", *extra: str) -> Path:
         key = (str(ckpt), quant, target, extra)
         if key not in done:
             build = tmp_path_factory.mktemp(f"build-{quant}-{target}")
-            scons(f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra, build=build)
-            suffix = "".join(f"-{s}" for a in extra if a.startswith("SANITIZE=") for s in a[9:].split(","))
-            suffix += "-scalar" if "KERNELS=scalar" in extra else ""
-            done[key] = build / f"{target}{suffix}" / c_identifier(Path(ckpt).name)
+            res = scons(f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra, build=build)
+            done[key] = output_dirs(res)[target]
         return done[key]
 
     return get

@@ -136,7 +136,7 @@ def test_failed_export_keeps_previous_output(tmp_path):
 
 
 def test_null_build_and_quant_change(tmp_path):
-    from conftest import scons
+    from conftest import output_dirs, scons
 
     ckpt = synth(tmp_path / "nb", **SMALL)
     build = tmp_path / "build"
@@ -145,8 +145,11 @@ def test_null_build_and_quant_change(tmp_path):
     assert scons(f"MODEL={ckpt}", "--question", build=build, check=False).returncode == 0
     assert scons(f"MODEL={ckpt}", "QUANT=f32", "--question", build=build, check=False).returncode != 0
     res = scons(f"MODEL={ckpt}", "QUANT=f32", build=build)
-    assert "f32" in res.stdout and (build / "gen" / "nb" / "f32" / "model.bin").exists()
-    so = build / "host" / "nb" / "libcolibri_nb.so"
+    # another quantization has outputs of its own (build/host/nb-f32/), beside the default one's
+    assert output_dirs(res)["host"] == build / "host" / "nb-f32"
+    assert "f32" in res.stdout and (build / "gen" / "nb-f32" / "f32" / "model.bin").exists()
+    assert scons(f"MODEL={ckpt}", "--question", build=build, check=False).returncode == 0
+    so = build / "host" / "nb-f32" / "libcolibri_nb-f32.so"
     out = subprocess.run([sys.executable, "-c", f"from colibri.runtime import load; print(load('{so}').vocab)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "64"

@@ -16,13 +16,13 @@ from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.toolchain import firmware
-from colibri.toolchain.sconsbuild import gen_dir
+from colibri.toolchain.scons.layout import gen_dir
 from colibri.toolchain.size.audit import audit as size_audit
 from colibri.toolchain.size.command import summary_line
 from colibri.toolchain.targets import load_target
 
 from blobread import weights as blob_weights
-from conftest import BIN, ROOT, scons, synth
+from conftest import BIN, ROOT, output_dirs, scons, synth
 from targets_under_test import firmware as firmware_targets
 
 FW_TARGETS = firmware_targets()
@@ -184,7 +184,7 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     flash = {c["key"]: c["flash"] for c in audit["categories"]}
     runtime_text = sum(s["bytes"] for s in audit["symbols"] if s["category"] == "runtime" and s["section"] == ".text")
     code = flash["runtime"] + flash["generated"] + flash["app"]
-    objects = [str(out / "obj" / f"{s}.o") for s in ("colibri", "kernels", "kernels_q8", "cbmath")]
+    objects = [str(out / "obj" / f"{s}.o") for s in ("blob", "forward", "kernels", "kernels_q8", "cbmath")]
     size = subprocess.run(["arm-none-eabi-size", *objects], capture_output=True, text=True, check=True).stdout
     objects_text = sum(int(line.split()[0]) for line in size.splitlines()[1:])
     print(f"\nstm32h7 -Os: runtime .text {runtime_text} B in the image ({objects_text} B in the objects"
@@ -209,9 +209,10 @@ def test_over_budget_model_fails_naming_region_and_overflow(tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model too_big does not fit: FLASH overflowed by (\d+) bytes "
                      r"\(region 2097152 bytes, flash budget 2097152\)", lines[0])
     assert m, lines[0]
-    blob = (_gen_dir(build, "stm32h7", "too_big", "f32") / "model.bin").stat().st_size
+    out = output_dirs(res)["stm32h7"]  # build/stm32h7/too_big-f32: not the default options
+    assert out.parent == build / "stm32h7"
+    blob = (_gen(out, "f32") / "model.bin").stat().st_size
     assert 0 < blob - 2097152 < int(m.group(1)) < blob - 2097152 + 64 * 1024  # weights + code - budget
-    out = build / "stm32h7" / "too_big"
     left = [p.name for p in out.iterdir() if p.suffix in (".elf", ".bin", ".hex", ".map")] if out.is_dir() else []
     assert not left, f"image left behind: {left}"
 
@@ -227,10 +228,11 @@ def test_arena_over_its_sram_fails_naming_region(small_ckpt, tmp_path):
     m = re.fullmatch(r"colibri: stm32h7: model fw_small does not fit: AXI_SRAM overflowed by (\d+) bytes "
                      r"\(region 524288 bytes, ram budget 1048576\)", lines[0])
     assert m, lines[0]
-    h = (_gen_dir(build, "stm32h7", "fw_small", "int8c") / "model.h").read_text()
+    out = output_dirs(res)["stm32h7"]
+    h = (_gen(out, "int8c") / "model.h").read_text()
     arena = int(re.search(r"#define COLIBRI_ARENA_SIZE (\d+)u", h).group(1))
     assert int(m.group(1)) == arena - 524288  # the arena alone fills that SRAM
-    assert not list((build / "stm32h7" / "fw_small").glob("*.elf"))
+    assert not list(out.glob("*.elf"))
 
 
 @pytest.mark.skipif(bool(_missing("stm32h7")), reason="arm-none-eabi toolchain or QEMU missing")

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from colibri.toolchain import firmware
+from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
 
 from conftest import ROOT, require_target
 from targets_under_test import expected_kernel
@@ -37,11 +38,11 @@ from targets_under_test import firmware as firmware_targets
 
 SRC = ROOT / "runtime_c" / "src"
 PROGRAMS = {p: ROOT / "runtime_c" / "test" / f"{p}.c" for p in ("kernels_q8_test", "kernels_test")}
-KERNELS = [SRC / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
-# A firmware build's compile flags (toolchain/sconsbuild.py COMMON_CFLAGS with -Os for -O2, plus the
+KERNELS = runtime_sources(KERNEL_SRC)
+# A firmware build's compile flags (toolchain/csources.py's, with -Os for -O2, plus the
 # .su/.ci files firmware.stack_bound reads), then the target's own.
-FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-Os",
-         "-g", "-ffunction-sections", "-fdata-sections", "-fstack-usage", "-fcallgraph-info=su"]
+FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["firmware"], "-g", "-ffunction-sections", "-fdata-sections",
+         "-fstack-usage", "-fcallgraph-info=su"]
 # the paths each microcontroller's flags must select: its file's kernels.int8 (kernels_q8.c's #include
 # chain) and kernels.float (kernels.c's), targets/SCHEMA.md
 FW_TARGETS = firmware_targets()

@@ -258,7 +258,7 @@ CASES = {f.__name__: (f, msg) for f, msg in [
     (not_safetensors_text, ST + ": not a safetensors file: header length {n} exceeds the 100000000-byte limit "
                                 "of the format"),
     (not_safetensors_empty, ST + ": not a safetensors file: 0 bytes, too short for the 8-byte header length"),
-    (safetensors_is_a_directory, "{ck}: no model.safetensors and no model.safetensors.index.json"),
+    (safetensors_is_a_directory, ST + ": safetensors file is a directory, not a regular file"),
     (config_missing_hidden_size, CFG + ": key 'hidden_size': missing required key"),
     (config_missing_num_local_experts, CFG + ": key 'num_local_experts': missing required key"),
     (config_missing_num_experts_per_tok, CFG + ": key 'num_experts_per_tok': missing required key"),
@@ -341,9 +341,11 @@ def test_export_killed_half_way_leaves_previous_output(tmp_path, previous):
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert _snapshot(out) == before  # nothing of the killed export in the output directory
-    # No partial file anywhere: at most its empty staging directory is left, which the next export removes.
-    left = [p for p in tmp_path.iterdir() if p.name not in ("out", "big")]
+    # No partial file anywhere: at most its empty staging directory and its (empty) lock file are left, which
+    # the next export removes.
+    left = [p for p in tmp_path.iterdir() if p.name not in ("out", "big", ".out.lock")]
     assert all(p.name.startswith(".out.tmp-") and not any(p.iterdir()) for p in left), left
+    assert not (tmp_path / ".out.lock").exists() or (tmp_path / ".out.lock").stat().st_size == 0
     res = colibri("export", big, "-o", out, "--no-predict")
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big", "out"]

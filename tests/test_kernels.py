@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 
 from colibri.toolchain.cli import runner_argv
+from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
 from colibri.toolchain.targets import load_target
 
 from targets_under_test import expected_kernel, names
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = [ROOT / "runtime_c" / "src" / p for p in ("kernels.c", "kernels_q8.c", "cbmath.c")]
+KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
             "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c"}
-FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffp-contract=off", "-fno-math-errno", "-O2", "-g"]
+FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = names("linux")
 # the ISA path each target's flags must select: its file's kernels.float and kernels.int8 (targets/SCHEMA.md)
 RVV_VLEN = (128, 256, 512)

@@ -22,11 +22,16 @@ def _tokens(text: str) -> list[int]:
 def cmd_synth(a: argparse.Namespace) -> int:
     from colibri.codegen.synth import synth_checkpoint
 
-    path = synth_checkpoint(
-        a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
-        experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
-        head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards,
-    )
+    try:
+        path = synth_checkpoint(
+            a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
+            experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
+            head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards,
+        )
+    except ValueError as e:  # the dimensions do not make a model; the message names the option
+        if a.debug:
+            raise
+        return _fail(str(e))
     print(f"wrote {path}")
     return 0
 
@@ -40,7 +45,12 @@ def cmd_export(a: argparse.Namespace) -> int:
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
         max_prefill_block=layout_max_prefill_block(a.layout),
     )
-    res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
+    try:
+        res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
+    except OSError as e:  # the checkpoint's files are read through safeio: this is the output side
+        if a.debug:
+            raise
+        return _fail(f"{a.out}: cannot write the export: {_os_error(e)}")
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
     return 0
 
@@ -117,13 +127,24 @@ def cmd_targets(a: argparse.Namespace) -> int:
     return 2 if problems else 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line too (`colibri export -h` still shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} -h)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="colibri", description="MoE checkpoints to C, for any target.")
+    from colibri.codegen.importers import FAMILIES
+    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, QUANTS
+
+    p = _Parser(prog="colibri", description="MoE checkpoints to C, for any target.")
+    p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("synth", help="write a random HF-format checkpoint")
     s.add_argument("ckpt")
-    s.add_argument("--arch", default="mixtral", choices=["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek"])
+    s.add_argument("--arch", default=FAMILIES[0], choices=FAMILIES)
     for flag, default in (("layers", 2), ("hidden", 64), ("ffn", 128), ("heads", 8), ("kv-heads", 2),
                           ("experts", 4), ("top-k", 2), ("vocab", 320), ("seed", 1), ("shards", 1)):
         s.add_argument(f"--{flag}", type=int, default=default)
@@ -136,9 +157,10 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="quantize a checkpoint and generate C sources")
     e.add_argument("ckpt")
     e.add_argument("-o", "--out", required=True)
-    e.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
-    e.add_argument("--outlier-frac", type=float, default=0.005, help="int8c: fraction of fp16 corrections")
+    e.add_argument("--outlier-frac", type=float, default=DEFAULT_OUTLIER_FRAC,
+                   help="int8c: fraction of fp16 corrections")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
@@ -162,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a model for a target with SCons")
     b.add_argument("ckpt", nargs="?", default=None, help="checkpoint (default: the bundled model)")
     b.add_argument("--target", default="host")
-    b.add_argument("--quant", default="int8c", choices=["int8c", "int8", "f16", "f32"])
+    b.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
     b.add_argument("--max-seq", type=int, default=0)
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     b.add_argument("scons_args", nargs="*", help="extra SCons arguments (NAME=value)")
@@ -188,15 +210,56 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def printable(text: str) -> str:
+    """Text with the non-UTF-8 bytes of a file name (surrogate escapes) spelt \\xNN, like the shell does."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _fail(message: str) -> int:
+    print(f"colibri: error: {printable(message)}", file=sys.stderr)
+    return 2
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError as one line: the file(s) it names and the system's reason (ENOSPC, EROFS, EACCES...)."""
+    where = ": ".join(os.fsdecode(f) for f in (e.filename, e.filename2) if f is not None)
+    why = e.strerror or str(e)
+    return f"{where}: {why}" if where else why
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every expected failure is one line on stderr and exit 2 (130 when interrupted);
+    --debug shows the traceback instead."""
     from colibri.codegen.errors import ExportError
 
+    for stream in (sys.stdout, sys.stderr):  # a file name with non-UTF-8 bytes prints as \xNN
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
     except (ExportError, TargetError) as e:
-        print(f"colibri: error: {e}", file=sys.stderr)
-        return 2
+        if args.debug:
+            raise
+        return _fail(str(e))
+    except OSError as e:
+        if args.debug:
+            raise
+        return _fail(_os_error(e))
+    except (UnicodeError, RecursionError, MemoryError) as e:
+        if args.debug:
+            raise
+        what = {UnicodeEncodeError: "cannot encode", UnicodeDecodeError: "cannot decode",
+                RecursionError: "input nested too deeply", MemoryError: "out of memory"}
+        return _fail(f"{what.get(type(e), type(e).__name__)}: {e}" if str(e) else what.get(type(e), type(e).__name__))
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ demo() {
 tests() {
   setup
   .venv/bin/ruff check .
-  .venv/bin/python -m pytest -q tests "$@"
+  .venv/bin/python -m pytest -q --durations=15 tests "$@"  # and the 15 slowest tests at the end
 }
 
 case "${1:-}" in

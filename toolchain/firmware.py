@@ -6,7 +6,7 @@ into them, `[budget]` flash/ram and `stack_bytes`. When the QEMU machine that bo
 image has another map, `qemu_memory` (and optionally `qemu_placement`) give a second
 variant: both linker scripts come from firmware_examples/firmware.ld.j2.
 
-firmware_outputs() adds to the SCons graph, under build/<target>/<model>/:
+The SCons tool toolchain/scons/firmware.py builds, under build/<target>/<model>/:
   <model>.ld, <model>.elf/.map/.bin/.hex, <model>.size.json   the part
   <model>-qemu.ld, <model>-qemu.elf/.map                      the image QEMU boots
 The link step refuses (one line, no image left behind) a stack reservation below the
@@ -32,7 +32,6 @@ from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
 TEMPLATE = "firmware.ld.j2"
-RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
 PLACEMENT_KEYS = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
 FAMILIES = {
     # app sources, entry symbol, stack roots: the reset path, then exception handlers
@@ -77,7 +76,8 @@ class Firmware:
 
     @property
     def qemu_variant(self) -> Variant:
-        return self.qemu or self.part
+        """What QEMU boots: the QEMU map, or the part's own map linked as a QEMU image of its own."""
+        return self.qemu or Variant("qemu", self.part.regions, self.part.place)
 
 
 def _int(value, what: str, path: str) -> int:
@@ -172,6 +172,8 @@ def render_linker_script(fw: Firmware, variant: Variant) -> str:
                              keep_trailing_newline=True)
     if variant.name == "part":
         note = "Memory map of the part itself; budgets are checked against it."
+    elif fw.qemu is None:
+        note = f"QEMU image: the part's own memory map, which {' '.join(fw.target.runner[:3])} has too."
     else:
         note = (f"QEMU variant: the regions moved to where {' '.join(fw.target.runner[:3])} has memory; "
                 "same sizes, so the same overflows.")
@@ -191,83 +193,7 @@ def qemu_argv(t: Target, program: str) -> list[str]:
     return list(t.runner) + SEMIHOSTING + ["-kernel", str(p)]
 
 
-# --- SCons ------------------------------------------------------------------------------------
-
-
-def firmware_outputs(env, t: Target, name: str, gen: dict[str, str], out: Path) -> list:
-    """The firmware images of one model for one target (same shape as sconsbuild._linux_outputs)."""
-    from SCons.Script import Action, Exit, Value  # type: ignore[import-not-found]
-
-    from .sconsbuild import COPY, _write_value_action, top_relative
-
-    try:
-        fw = firmware_spec(t)
-    except TargetError as e:
-        print(f"colibri: {e}", file=sys.stderr)
-        Exit(2)
-        raise
-    fam = FAMILIES[fw.family]
-    obj = out / "obj"
-    inc = str(Path(gen["model.h"]).parent)
-    cflags = [("-Os" if f == "-O2" else f) for f in env["CCFLAGS"]] + ["-fstack-usage", "-fcallgraph-info=su"]
-    fenv = env.Clone(CCFLAGS=cflags, CPPPATH=env["CPPPATH"] + [inc, str(FW_DIR / "common")],
-                     ASPPFLAGS=list(t.cflags))
-    runtime_env = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"])
-
-    def compile_c(e, stem: str, src: str, defines: list | None = None):
-        """One object plus its .su and .ci, all three cached and cleaned together."""
-        from SCons.Scanner.C import CScanner  # type: ignore[import-not-found]
-
-        o = obj / stem
-        extra = " ".join(f"-D{d}" for d in defines or [])
-        cmd = f"$CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM {extra} $SOURCES"
-        return e.Command([f"{o}.o", f"{o}.su", f"{o}.ci"], src, Action(cmd, "$CCCOMSTR"),  # unset: the command
-                         source_scanner=CScanner())[0]
-
-    runtime = [compile_c(runtime_env, Path(s).stem, str(ROOT / "runtime_c/src" / s)) for s in RUNTIME_SRC]
-    blob = fenv.Object(str(obj / "model_blob.o"), gen["model_blob.S"],
-                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{top_relative(inc)}"])
-    model = [compile_c(runtime_env, "model", gen["model.c"]), blob[0]]
-    fenv.Depends(model[1], gen["model.bin"])
-    app = [compile_c(fenv, Path(src).stem, str(FW_DIR / src)) for src in COMMON_SRC]
-    board = {}  # family sources: the QEMU image may need its own build of them
-    for src in fam["sources"]:
-        stem = Path(src).stem
-        if src.endswith(".S"):
-            # -g: a compile unit for the audit to attribute _start to
-            board[src] = fenv.Object(str(obj / f"{stem}.o"), str(FW_DIR / src), ASPPFLAGS=list(t.cflags) + ["-g"])[0]
-        else:
-            board[src] = compile_c(fenv, stem, str(FW_DIR / src))
-    qemu_board = dict(board)
-    if fw.insn_per_tick is not None:  # Cortex-M under -icount: report SysTick ticks as instructions
-        defines = [f"COLIBRI_FW_INSN_PER_TICK_NUM={fw.insn_per_tick.numerator}u",
-                   f"COLIBRI_FW_INSN_PER_TICK_DEN={fw.insn_per_tick.denominator}u"]
-        src = fam["sources"][0]
-        qemu_board[src] = compile_c(fenv, f"{Path(src).stem}_qemu", str(FW_DIR / src), defines)
-
-    # beside the image, where `colibri size` looks for it; a source of the link, whose report uses it
-    manifest = fenv.Command(str(out / "manifest.json"), gen["manifest.json"], COPY)
-    outputs = []
-    variants = [("part", fw.part, name, app + list(board.values()))]
-    if fw.qemu is not None or qemu_board != board:
-        variants.append(("qemu", fw.qemu_variant, f"{name}-qemu", app + list(qemu_board.values())))
-    part_elf = None
-    for vname, variant, stem, app_objs in variants:
-        ld = fenv.Command(str(out / f"{stem}.ld"), Value(render_linker_script(fw, variant)),
-                          Action(_write_value_action, "GEN    $TARGET"))
-        targets = [str(out / f"{stem}{ext}") for ext in (".elf", ".map")]
-        if vname == "part":
-            targets += [str(out / f"{stem}{ext}") for ext in (".bin", ".hex", ".size.json")]
-        vcfg = link_config(fw, name, variant)
-        elf = fenv.Command(targets, runtime + model + app_objs + ld + manifest,
-                           Action(_link_action, "LINK   $TARGET", varlist=["COLIBRI_FW"]),
-                           COLIBRI_FW=json.dumps(vcfg, sort_keys=True))
-        if part_elf is not None:  # a part that does not fit stops the build before QEMU's twin
-            fenv.Depends(elf, part_elf)
-        else:
-            part_elf = elf[0]
-        outputs += elf
-    return outputs + manifest
+# --- the link step as data, and its SCons action --------------------------------------------------
 
 
 def link_config(fw: Firmware, model: str, variant: Variant) -> dict:
@@ -285,8 +211,9 @@ def link_config(fw: Firmware, model: str, variant: Variant) -> dict:
 def _link_action(target, source, env):  # SCons action signature
     cfg = json.loads(env["COLIBRI_FW"])
     outs = [Path(str(t)) for t in target]
+    files = [Path(str(s)) for s in source if type(s).__name__ != "Value"]  # the Value: the link's signature
     try:
-        summary = link_image(cfg, outs, [Path(str(s)) for s in source])
+        summary = link_image(cfg, outs, files)
     except FirmwareError as e:
         for o in outs:
             o.unlink(missing_ok=True)
@@ -318,7 +245,7 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
         raise FirmwareError(f"needs {stack['bytes']} bytes of stack ({' > '.join(stack['path'])}) "
                             f"but targets/{cfg['target']}.toml reserves stack_bytes = {cfg['stack_bytes']}")
     argv = cfg["cc"] + cfg["linkflags"] + [
-        "-nostartfiles", "-T", str(ld), f"-Wl,-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
+        "-nostartfiles", "-T", str(ld), "-Xlinker", f"-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
         "-o", str(elf)] + [str(o) for o in objs] + ["-lm"]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:  # the linker's own region check comes first

@@ -1,52 +1,45 @@
 """The build graph behind SConstruct: export once, compile for many targets.
 
-Generated sources go to build/gen/<model>/<quant>[-rows][-pbN]/ (gen_dir), everything a target
-builds to build/<target>/<model>/ (build/<target>-<sanitizers>/<model>/ with
-SANITIZE). SConstruct only calls build_all(); the rules live here.
+build_all() reads the command line's options, takes the build directory's lock, names the model's
+outputs (toolchain/scons/layout.py) and asks the SCons tools in toolchain/scons/ for each target's
+part of the graph. Every path reaches SCons as a node and every other user string escaped
+(toolchain/scons/safe.py); commands run without a shell.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from SCons.Script import (  # type: ignore[import-not-found]
     COMMAND_LINE_TARGETS,
-    Action,
-    CacheDir,
     Default,
     Environment,
     Exit,
-    SConsignFile,
-    Value,
 )
 
-from .size.command import post_link
+from .csources import FLOAT_CFLAGS, OPT_CFLAGS, RUNTIME_DIR, WARN_CFLAGS
+from .scons import compiledb, export, firmware, linux, safe
+from .scons.layout import (
+    OUTPUT_LINE,
+    LayoutError,
+    export_defaults,
+    gen_dir,
+    model_name,
+    option_suffix,
+    target_dir,
+)
+from .scons.lock import hold_build_lock
+from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
-ABI_MAJOR = 1  # COLIBRI_ABI_VERSION in colibri.h
-RUNTIME_SRC = ("colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c")
-DEMO_COMMON = "demo/demo_common.c"
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-EXPORT_INPUTS = ("config.json", "colibri.json", "model.safetensors.index.json")
+TOOLS = (safe, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
-WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
-# Identical arithmetic on every target: no fused multiply-add contraction, no errno from sqrt.
-FLOAT = ["-ffp-contract=off", "-fno-math-errno"]
-COMMON_CFLAGS = WARN + FLOAT + ["-O2", "-g", "-fvisibility=hidden", "-ffunction-sections", "-fdata-sections"]
-
-
-def top_relative(path: str | Path) -> str:
-    """A path as command lines should spell it: relative to the top directory when inside it.
-
-    SCons writes its own node paths that way; raw flag strings must follow, or the same build
-    in another checkout has other command lines and CACHE=dir never hits."""
-    rel = os.path.relpath(Path(path).absolute(), ROOT)
-    return str(path) if rel.startswith("..") else rel
+COMMON_CFLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g", "-fvisibility=hidden", "-ffunction-sections",
+                 "-fdata-sections"]
 
 
 def _fail(message: str) -> None:
@@ -66,227 +59,123 @@ def _targets(arg: str) -> list[Target]:
         raise
 
 
-def _export_action(target, source, env):  # noqa: ARG001 - SCons action signature
-    from colibri.codegen.errors import ExportError
-    from colibri.codegen.export import ExportOptions, export
-
-    opts = json.loads(env["COLIBRI_EXPORT_OPTS"])
-    try:
-        export(env["COLIBRI_CKPT"], env["COLIBRI_GEN"], ExportOptions(**opts), report=print)
-    except ExportError as e:
-        print(f"colibri: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def _activations(arg: str) -> bool:
     if arg not in ("int8", "float"):
         _fail(f"ACTIVATIONS={arg}: expected int8 or float")
     return arg == "int8"
 
 
-def gen_dir(quant: str, layout: str, max_block: int) -> str:
-    """build/gen/<model>/<this>: the quantization, then the layout and the largest prefill block the
-    target's runtime takes, each where it is not the default one (tiled16, 128)."""
-    from colibri.codegen.layout import DEFAULT_LAYOUT
-    from colibri.codegen.plan import MAX_PREFILL_BLOCK
-
-    return quant + (f"-{layout}" if layout != DEFAULT_LAYOUT else "") + (
-        f"-pb{max_block}" if max_block != MAX_PREFILL_BLOCK else "")
-
-
-def _export(env, ckpt: Path, gen: Path, opts: dict):
-    """The codegen Builder: the checkpoint files, the options and the exporter's own code are its sources
-    (a newer exporter may write another format or plan)."""
-    files = sorted(str(p) for p in ckpt.iterdir() if p.name in EXPORT_INPUTS or p.suffix == ".safetensors")
-    codegen = sorted(str(p) for p in (ROOT / "codegen").rglob("*") if p.suffix in (".py", ".j2"))
-    outs = [str(gen / n) for n in ("model.h", "model.c", "model_blob.S", "model.bin", "manifest.json")]
-    env.Command(outs, files + codegen + [Value(json.dumps(opts, sort_keys=True))],
-                Action(_export_action, f"EXPORT {ckpt.name} ({opts['quant']}) -> {gen}"),
-                COLIBRI_CKPT=str(ckpt), COLIBRI_GEN=str(gen), COLIBRI_EXPORT_OPTS=json.dumps(opts))
-    return {Path(o).name: o for o in outs}
+def _options(arguments: dict) -> dict:
+    """The export options of the command line (the exporter's defaults for those not given)."""
+    d = export_defaults()
+    try:
+        return {
+            "quant": arguments.get("QUANT", d["quant"]),
+            "max_seq": int(arguments.get("MAX_SEQ", d["max_seq"])),
+            "group_size": int(arguments.get("GROUP_SIZE", d["group_size"])),
+            "outlier_frac": float(arguments.get("OUTLIER_FRAC", d["outlier_frac"])),
+            "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
+            "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
+        }
+    except ValueError as e:
+        _fail(f"bad build option: {e}")
+        raise
 
 
-def _target_env(base, t: Target, sanitize: list[str]):
+def _base_env(arguments: dict):
+    env = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
+    for tool in TOOLS:
+        tool.generate(env)
+    if arguments.get("CACHE"):
+        # env.CacheDir() substitutes the path in a mode that no escaping survives (`$$(` loses its
+        # parenthesis): set what it sets, then let SCons create the directory as CacheDir() would.
+        env._CacheDir_path = str(Path(arguments["CACHE"]).absolute())
+        env.get_CacheDir()
+    if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
+        env.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
+    return env
+
+
+def _target_env(base, t: Target, sanitize: list[str], scalar: bool):
     missing = t.missing()
     if missing:
         _fail(f"target {t.name}: {', '.join(missing)} not found; install it with: {t.install_hint()}")
     # .su (and with GCC .ci call graph) files beside the objects give `colibri size` its stack bound
     stack = ["-fstack-usage"] + (["-fcallgraph-info=su"] if t.cc_argv[0].endswith("gcc") else [])
     env = base.Clone(
-        CC=t.cc, AR=t.tool("ar"), RANLIB=t.tool("ranlib"),
-        CCFLAGS=COMMON_CFLAGS + stack + list(t.cflags), LINKFLAGS=list(t.linkflags),
-        CPPPATH=[str(ROOT / "runtime_c/include")], COLIBRI_TARGET=t.name,
+        CC=escape(t.cc), AR=escape(t.tool("ar")), RANLIB=escape(t.tool("ranlib")),
+        CCFLAGS=COMMON_CFLAGS + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
+        CPPPATH=[dir_node(base, RUNTIME_DIR / "include")], COLIBRI_TARGET=t.name,
     )
     if sanitize:
         flag = f"-fsanitize={','.join(sanitize)}"
         env.Append(CCFLAGS=[flag, "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"], LINKFLAGS=[flag])
+    if scalar:
+        env.Append(CCFLAGS=["-DCOLIBRI_SCALAR"])
+    env.Append(CCFLAGS=t.cpp_defines())  # what the target declares: threads, largest prefill block
     return env
 
 
-def _shared_lib(env, out: Path, lib: str, objs: list, soflags: list[str]) -> list:
-    """lib<lib>.so with SONAME lib<lib>.so.<ABI major>, and that name as a link to it."""
-    soname = f"lib{lib}.so.{ABI_MAJOR}"
-    so = env.SharedLibrary(str(out / f"lib{lib}"), objs, SHLINKFLAGS=soflags + [f"-Wl,-soname,{soname}"])
-    link = env.Command(str(out / soname), so, Action(_symlink_action, "LN     $TARGET"))
-    return [so, link]
+def _checkpoint(arguments: dict) -> Path:
+    model_arg = arguments.get("MODEL", "")
+    ckpt = Path(model_arg).absolute() if model_arg else ROOT / DEFAULT_MODEL
+    if model_arg and not (ckpt / "config.json").is_file():
+        _fail(f"{model_arg}: not a checkpoint directory (no config.json)")
+    return ckpt
 
 
-def _symlink_action(target, source, env):  # noqa: ARG001
-    dst = Path(str(target[0]))
-    dst.unlink(missing_ok=True)
-    dst.symlink_to(Path(str(source[0])).name)
-    return 0
+def _build_dir(arguments: dict) -> Path:
+    """The build directory, locked for this run, with its signature database: two build roots never
+    share one. (SCons.SConsign.File: SConsignFile() would substitute the path, twice.)"""
+    import SCons.SConsign  # type: ignore[import-not-found]
 
-
-def _pkgconfig_action(target, source, env):  # noqa: ARG001
-    name = env["COLIBRI_MODEL"]
-    Path(str(target[0])).write_text(
-        "prefix=${pcfiledir}\nincludedir=${prefix}/include\nlibdir=${prefix}\n\n"
-        f"Name: colibri_{name}\nDescription: colibri MoE runtime with the model {name} linked in\n"
-        f"Version: 0.1.0\nCflags: -I${{includedir}}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lcolibri_{name}\n"
-    )
-    return 0
-
-
-class _Objects:
-    """Compiles sources to objects and records each command for compile_commands.json.
-
-    SCons' own compilation_db tool rebuilds its output on every run; recording the
-    commands here keeps a null build doing nothing."""
-
-    def __init__(self, objdir: Path):
-        self.objdir = objdir
-        self.entries: list[dict] = []
-
-    def __call__(self, env, stem: str, source: str, shared: bool = False, **overrides) -> list:
-        builder = env.SharedObject if shared else env.Object
-        nodes = builder(str(self.objdir / stem), source, **overrides)
-        com = "$ASPPCOM" if source.endswith(".S") else ("$SHCCCOM" if shared else "$CCCOM")
-        cmd = env.Override(overrides).subst(com, target=nodes, source=env.File(source))
-        self.entries.append({"directory": str(ROOT), "file": source, "output": str(nodes[0]), "command": cmd})
-        return nodes
-
-    def database(self, env, path: Path):
-        text = json.dumps(self.entries, indent=1, sort_keys=True) + "\n"
-        return env.Command(str(path), Value(text), Action(_write_value_action, "GEN    $TARGET"))
-
-
-def _copy_action(target, source, env):  # noqa: ARG001
-    shutil.copyfile(str(source[0]), str(target[0]))
-    return 0
-
-
-COPY = Action(_copy_action, "COPY   $TARGET")
-
-
-def _write_value_action(target, source, env):  # noqa: ARG001
-    Path(str(target[0])).write_text(source[0].read())
-    return 0
-
-
-def _linux_outputs(env, t: Target, name: str, gen: dict, out: Path, static_exe: bool) -> list:
-    objs = _Objects(out / "obj")
-    inc = str(Path(gen["model.h"]).parent)
-    spec_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"], CPPPATH=env["CPPPATH"] + [inc])
-    gen_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING"])
-    src = ROOT / "runtime_c"
-    spec_objs = [objs(spec_env, f"spec/{Path(s).stem}", str(src / "src" / s), shared=True) for s in RUNTIME_SRC]
-    generic_objs = [objs(gen_env, f"generic/{Path(s).stem}", str(src / "src" / s), shared=True)
-                    for s in RUNTIME_SRC]
-    model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
-                  objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
-                       ASPPFLAGS=list(t.cflags) + [f"-Wa,-I{top_relative(inc)}"])]
-    env.Depends(model_objs[1], gen["model.bin"])
-    soflags = ["-shared", f"-Wl,--version-script={top_relative(src / 'colibri.map')}",
-               "-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
-    lib_a = spec_env.StaticLibrary(str(out / f"libcolibri_{name}"), spec_objs + model_objs)
-    lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
-    generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
-    headers = [env.Command(str(out / "include" / h), path, COPY)
-               for h, path in (("colibri.h", str(src / "include/colibri.h")), ("model.h", gen["model.h"]))]
-    pc = env.Command(str(out / f"colibri_{name}.pc"), Value(name), Action(_pkgconfig_action, "GEN    $TARGET"),
-                     COLIBRI_MODEL=name)
-    exe_flags = ["-static"] if static_exe else []
-    demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [inc], LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
-    common = objs(demo_env, "demo_common", str(src / DEMO_COMMON))
-    demo = demo_env.Program(str(out / "colibri_demo"),
-                            [objs(demo_env, "colibri_demo", str(src / "demo/colibri_demo.c")), common, lib_a],
-                            LIBS=["m", "pthread"])
-    run = demo_env.Program(str(out / "colibri_run"),
-                           [objs(demo_env, "colibri_run", str(src / "demo/colibri_run.c")), common] + generic_objs,
-                           LIBS=["m", "pthread"])
-    # dlopen needs a dynamically linked program
-    dl_env = env.Clone(LINKFLAGS=env["LINKFLAGS"] + ["-Wl,--gc-sections"])
-    demo_dl = dl_env.Program(str(out / "colibri_demo_dl"),
-                             [objs(dl_env, "colibri_demo_dl", str(src / "demo/colibri_demo_dl.c")), common],
-                             LIBS=["dl", "pthread"])
-    blob = env.Command(str(out / "model.bin"), gen["model.bin"], COPY)
-    manifest = env.Command(str(out / "manifest.json"), gen["manifest.json"], COPY)
-    compile_db = objs.database(env, out / "compile_commands.json")
-    for linked in (lib_a, lib_so[0], demo):  # one flash/RAM line per artifact a user ships
-        env.AddPostAction(linked, Action(post_link, None))
-    return [lib_a, lib_so, generic_so, headers, pc, demo, demo_dl, run, blob, manifest, compile_db]
+    build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        hold_build_lock(build)
+    except OSError as e:
+        _fail(f"{shown(build)}: cannot build there: {e.strerror or e}")
+        raise
+    SCons.SConsign.File(str(build / ".sconsign"))
+    return build
 
 
 def build_all(arguments: dict) -> None:
-    target_arg = arguments.get("TARGET", "host")
-    model_arg = arguments.get("MODEL", "")
-    quant = arguments.get("QUANT", "int8c")
     sanitize = [s for s in arguments.get("SANITIZE", "").split(",") if s]
     kernels = arguments.get("KERNELS", "simd")  # scalar: -DCOLIBRI_SCALAR, out to build/<target>-scalar/
     if kernels not in ("simd", "scalar"):
         _fail(f"KERNELS={kernels}: expected simd or scalar")
-    ckpt = Path(model_arg).absolute() if model_arg else ROOT / DEFAULT_MODEL
-    if model_arg and not (ckpt / "config.json").is_file():
-        _fail(f"{model_arg}: not a checkpoint directory (no config.json)")
+    ckpt = _checkpoint(arguments)
+    opts = _options(arguments)
+    targets = _targets(arguments.get("TARGET", "host"))
+    build = _build_dir(arguments)
     from colibri.codegen.emit import c_identifier
 
-    name = c_identifier(ckpt.name)
     try:
-        opts = {
-            "quant": quant,
-            "max_seq": int(arguments.get("MAX_SEQ", 0)),
-            "group_size": int(arguments.get("GROUP_SIZE", 0)),
-            "outlier_frac": float(arguments.get("OUTLIER_FRAC", 0.005)),
-            "prefill_block": int(arguments.get("PREFILL_BLOCK", 0)),
-            "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
-        }
-    except ValueError as e:
-        _fail(f"bad build option: {e}")
-    build = Path(arguments.get("BUILD", str(ROOT / "build"))).absolute()
-    if arguments.get("CACHE"):
-        CacheDir(arguments["CACHE"])
-    # the signature database lives with the outputs, so two build roots never share (or race on) one
-    build.mkdir(parents=True, exist_ok=True)
-    SConsignFile(str(build / ".sconsign"))
-    base = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
-    if arguments.get("VERBOSE", "0") in ("0", ""):  # VERBOSE=1 shows full command lines
-        base.Replace(**{f"{com}STR": f"{verb:<6} $TARGET" for com, verb in QUIET.items()})
+        name = model_name(build, ckpt, c_identifier(ckpt.name))
+    except LayoutError as e:
+        _fail(str(e))
+        raise
+    key = name + option_suffix(opts, export_defaults())
+    base = _base_env(arguments)
     gens: dict[tuple[str, int], dict] = {}  # one export per weight layout and prefill limit the targets declare
     outputs = []
-    for t in _targets(target_arg):
-        key = (t.weight_layout, t.max_prefill_block)
-        if key not in gens:
-            gens[key] = _export(base, ckpt, build / "gen" / name / gen_dir(quant, *key),
-                                {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block})
-        gen = gens[key]
-        suffix = f"-{'-'.join(sanitize)}" if sanitize else ""
-        suffix += "-scalar" if kernels == "scalar" else ""
-        out = build / f"{t.name}{suffix}" / name
-        env = _target_env(base, t, sanitize)
-        if kernels == "scalar":
-            env.Append(CCFLAGS=["-DCOLIBRI_SCALAR"])
-        env.Append(CCFLAGS=t.cpp_defines())  # what the target declares: threads, largest prefill block
-        if t.kind == "firmware":
-            if sanitize:
-                _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
-            from .firmware import firmware_outputs
-
-            outputs += firmware_outputs(env, t, name, gen, out)
-            continue
-        if t.kind != "linux":
+    for t in targets:
+        if t.kind not in ("linux", "firmware"):
             _fail(f"target {t.name}: kind {t.kind!r} is not built by this version")
-        outputs += _linux_outputs(env, t, name, gen, out, static_exe=not sanitize)
+        if sanitize and t.kind == "firmware":
+            _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
+        export_key = (t.weight_layout, t.max_prefill_block)
+        if export_key not in gens:
+            gens[export_key] = base.ColibriExport(
+                ckpt, build / "gen" / key / gen_dir(opts["quant"], *export_key),
+                {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block})
+        out = build / target_dir(t.name, sanitize, kernels == "scalar") / key
+        env = _target_env(base, t, sanitize, kernels == "scalar")
+        if t.kind == "firmware":
+            outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
+        else:
+            outputs += env.ColibriLinux(t, key, gens[export_key], out, static_exe=not sanitize)
+        print(OUTPUT_LINE.format(target=t.name, ckpt=shown(ckpt), out=shown(out)))
     if not COMMAND_LINE_TARGETS:
         Default(outputs)

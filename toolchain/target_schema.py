@@ -23,7 +23,7 @@ KINDS = ("linux", "firmware")
 IMAGE = "image"  # required to build or boot a firmware image (checked by the build and `colibri targets --check`)
 REGION_KINDS = ("flash", "ram")
 PLACEMENT = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
-# the prefill blocks the runtime's per-token arrays are written for (runtime_c/src/colibri.c CB_MAX_BLOCK)
+# the prefill blocks the runtime's per-token arrays are written for (runtime_c/src/cb_runtime.h CB_MAX_BLOCK)
 PREFILL_BLOCKS = (32, MAX_PREFILL_BLOCK)
 KERNEL_PATHS = ("float", "int8")
 

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError
-from ..spec import ModelSpec
-from . import deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe
+from ._registry import REGISTRY, Importer
 
+# isort: off
+from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek  # noqa: E402,F401 (each registers itself: this order)
+# isort: on
 
-@dataclass(frozen=True)
-class Importer:
-    family: str
-    architectures: tuple[str, ...]
-    model_types: tuple[str, ...]
-    parse_config: Callable[[Mapping[str, Any], Path], ModelSpec]
-    tensor_map: Callable[[ModelSpec], dict[str, str]]
-    is_ignored: Callable[[ModelSpec, str], bool]
-
-
-IMPORTERS: tuple[Importer, ...] = (
-    Importer("mixtral", mixtral.ARCHITECTURES, mixtral.MODEL_TYPES, mixtral.parse_config, mixtral.tensor_map,
-             mixtral.is_ignored),
-    *(Importer(m.__name__.rsplit(".", 1)[-1], m.ARCHITECTURES, m.MODEL_TYPES, m.parse_config, m.tensor_map,
-               m.is_ignored) for m in (qwen2_moe, qwen3_moe, olmoe, deepseek)),
-)
+IMPORTERS: tuple[Importer, ...] = tuple(REGISTRY.values())
+FAMILIES: tuple[str, ...] = tuple(REGISTRY)
 
 
 def find_importer(config: Mapping[str, Any], config_path: Path) -> Importer:

@@ -103,7 +103,8 @@ def layer_list(cfg: _Config, key: str, n_layers: int) -> list[int]:
     return v
 
 
-def common_fields(cfg: _Config, *, sliding_key: str | None = "use_sliding_window") -> dict[str, Any]:
+def common_fields(cfg: _Config, *, sliding_key: str | None = "use_sliding_window",
+                  experts_key: str = "num_experts") -> dict[str, Any]:
     """ModelSpec fields every Llama-style family reads the same way."""
     hidden, n_heads, n_kv, head_dim = attention_dims(cfg)
     act = cfg.get("hidden_act", "silu", required=False)
@@ -114,10 +115,11 @@ def common_fields(cfg: _Config, *, sliding_key: str | None = "use_sliding_window
     if sliding_key is not None and bool_key(cfg, sliding_key, False) and cfg.data.get("sliding_window"):
         # exact while the sequence fits in the window, and we never go beyond it
         max_position = min(max_position, cfg.positive_int("sliding_window"))
-    n_experts = cfg.positive_int("num_experts")
+    n_experts = cfg.positive_int(experts_key)
     top_k = cfg.positive_int("num_experts_per_tok")
     if top_k > n_experts:
-        raise cfg.fail("num_experts_per_tok", f"{top_k} exceeds num_experts {n_experts}")
+        raise cfg.fail("num_experts_per_tok", f"{top_k} exceeds {cfg.spelling.get(experts_key, experts_key)} "
+                                              f"{n_experts}")
     return dict(
         vocab=cfg.positive_int("vocab_size"), hidden=hidden, n_layers=cfg.positive_int("num_hidden_layers"),
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, n_experts=n_experts, top_k=top_k,
@@ -126,5 +128,6 @@ def common_fields(cfg: _Config, *, sliding_key: str | None = "use_sliding_window
     )
 
 
-def make_config(data: Mapping[str, Any], path: Path) -> _Config:
-    return _Config(data, path)
+def make_config(data: Mapping[str, Any], path: Path, aliases: Mapping[str, tuple[str, ...]] | None = None) -> _Config:
+    """The typed view of a family's config.json, its keys' other spellings (the family's ALIASES) folded in."""
+    return _Config(data, path, aliases)

@@ -19,14 +19,19 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("DeepseekForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3")
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# DeepseekV2Config / DeepseekV3Config: attribute_map {"num_local_experts": "n_routed_experts"};
+# the remote-code DeepseekConfig (deepseek-moe) reads n_routed_experts only.
+ALIASES: dict[str, tuple[str, ...]] = {"n_routed_experts": ("num_local_experts",)}
 NAMES = _hf.Names(shared="mlp.shared_experts")
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     archs = data.get("architectures") or []
     if data.get("model_type") in MODEL_TYPES[1:] or (archs and archs[0] in ARCHITECTURES[1:]):
@@ -41,10 +46,7 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
     if cfg.get("scoring_func", "softmax", required=False) != "softmax":
         raise cfg.fail("scoring_func", f"only 'softmax' is supported, got {cfg.data['scoring_func']!r}")
     _hf.reject_attention_bias(cfg, "biases on the attention projections are not supported")
-    data = dict(data)
-    data["num_experts"] = data.get("n_routed_experts")
-    cfg = _hf.make_config(data, path)
-    f = _hf.common_fields(cfg, sliding_key=None)
+    f = _hf.common_fields(cfg, sliding_key=None, experts_key="n_routed_experts")
     moe_ffn = cfg.positive_int("moe_intermediate_size")
     n_shared = cfg.get("n_shared_experts", 0, required=False)
     if not isinstance(n_shared, int) or isinstance(n_shared, bool) or n_shared < 0:
@@ -65,3 +67,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("deepseek", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ExportError
 from ..spec import ModelSpec, canonical_names
+from ._registry import Importer, register
 
 ARCHITECTURES = ("MixtralForCausalLM",)
 MODEL_TYPES = ("mixtral",)
@@ -44,15 +45,35 @@ _UNLIMITED = ("max_position_embeddings", "sliding_window")  # only ever capped: 
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-class _Config:
-    """Typed access to config.json keys; every failure names config.json and the key."""
+# Other spellings of a key that the family's transformers config class accepts (its `attribute_map`):
+# canonical key -> aliases. transformers 5.x MixtralConfig: {"num_experts": "num_local_experts"}.
+ALIASES: dict[str, tuple[str, ...]] = {"num_local_experts": ("num_experts",)}
 
-    def __init__(self, data: Mapping[str, Any], path: Path) -> None:
-        self.data = data
+
+class _Config:
+    """Typed access to config.json keys; every failure names config.json and the key (as spelt there).
+
+    `aliases` (canonical key -> other spellings, from the family's HF attribute_map) are folded into the
+    canonical key; two spellings with different values are refused, naming both."""
+
+    def __init__(self, data: Mapping[str, Any], path: Path,
+                 aliases: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.path = path
+        self.spelling: dict[str, str] = {}
+        folded = dict(data)
+        for key, others in (aliases or {}).items():
+            given = [k for k in (key, *others) if folded.get(k) is not None]
+            for k in given[1:]:
+                if folded[k] != folded[given[0]] or type(folded[k]) is not type(folded[given[0]]):
+                    raise ExportError(path, f"keys {given[0]!r} and {k!r} are spellings of one setting but "
+                                            f"differ: {folded[given[0]]!r} vs {folded[k]!r}")
+            if given:
+                folded[key] = folded[given[0]]
+                self.spelling[key] = given[0]
+        self.data = folded
 
     def fail(self, key: str, message: str) -> ExportError:
-        return ExportError(self.path, f"key {key!r}: {message}")
+        return ExportError(self.path, f"key {self.spelling.get(key, key)!r}: {message}")
 
     def get(self, key: str, default: Any = None, required: bool = True) -> Any:
         if key not in self.data or self.data[key] is None:
@@ -122,7 +143,7 @@ def attention_dims(cfg: _Config) -> tuple[int, int, int, int]:
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
     """Build the ModelSpec of a Mixtral config.json, rejecting what the reference cannot compute exactly."""
-    cfg = _Config(data, path)
+    cfg = _Config(data, path, ALIASES)
     hidden, n_heads, n_kv, head_dim = attention_dims(cfg)
     n_experts = cfg.positive_int("num_local_experts")
     top_k = cfg.positive_int("num_experts_per_tok")
@@ -182,3 +203,6 @@ def tensor_map(spec: ModelSpec) -> dict[str, str]:
 def is_ignored(spec: ModelSpec, name: str) -> bool:
     """Tensors a checkpoint may carry that the model does not use (a tied lm_head, rotary buffers)."""
     return (spec.tied and name == "lm_head.weight") or _IGNORED.fullmatch(name) is not None
+
+
+IMPORTER = register(Importer("mixtral", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored, source_name))

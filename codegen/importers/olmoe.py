@@ -16,14 +16,18 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("OlmoeForCausalLM",)
 MODEL_TYPES = ("olmoe",)
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# transformers 5.x OlmoeConfig: attribute_map {"num_local_experts": "num_experts"}.
+ALIASES: dict[str, tuple[str, ...]] = {"num_experts": ("num_local_experts",)}
 NAMES = _hf.Names()
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     _hf.reject_attention_bias(cfg)
     if cfg.data.get("head_dim") is not None:
@@ -40,3 +44,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("olmoe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

@@ -17,9 +17,13 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 
 ARCHITECTURES = ("Qwen2MoeForCausalLM",)
 MODEL_TYPES = ("qwen2_moe",)
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# transformers 5.x Qwen2MoeConfig has no attribute_map.
+ALIASES: dict[str, tuple[str, ...]] = {}
 NAMES = _hf.Names()
 
 
@@ -31,7 +35,7 @@ def dense_layers(cfg: _hf._Config, n_layers: int) -> tuple[int, ...]:
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     f = _hf.common_fields(cfg)
     dense = dense_layers(cfg, f["n_layers"])
@@ -50,3 +54,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("qwen2_moe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

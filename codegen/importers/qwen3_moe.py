@@ -17,15 +17,19 @@ from typing import Any
 
 from ..spec import ModelSpec
 from . import _hf
+from ._registry import Importer, register
 from .qwen2_moe import dense_layers
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 MODEL_TYPES = ("qwen3_moe",)
+# Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
+# transformers 5.x Qwen3MoeConfig: attribute_map {"num_experts": "num_local_experts"}.
+ALIASES: dict[str, tuple[str, ...]] = {"num_experts": ("num_local_experts",)}
 NAMES = _hf.Names()
 
 
 def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(data, path)
+    cfg = _hf.make_config(data, path, ALIASES)
     _hf.reject_keys(cfg)
     _hf.reject_attention_bias(cfg)
     f = _hf.common_fields(cfg)
@@ -41,3 +45,5 @@ def parse_config(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 tensor_map = NAMES.tensor_map
 is_ignored = NAMES.is_ignored
+IMPORTER = register(Importer("qwen3_moe", ARCHITECTURES, MODEL_TYPES, parse_config, tensor_map, is_ignored,
+                             NAMES.source_name))

@@ -22,6 +22,7 @@ int main(int argc, char **argv)
     static demo_args a;
     static const int32_t default_tokens[] = COLIBRI_DEFAULT_PROMPT;
     static float logits[COLIBRI_VOCAB], prompt_logits[COLIBRI_VOCAB];
+    static int32_t tokens[COLIBRI_MAX_SEQ]; /* --tokens: at most the model's positions */
     static const demo_api api = DEMO_LINKED_API;
     int rc = demo_parse(argc, argv, PROG, 0, default_tokens, COLIBRI_DEFAULT_PROMPT_LEN,
                         COLIBRI_DEFAULT_GENERATE, &a);
@@ -31,5 +32,5 @@ int main(int argc, char **argv)
     colibri_status st = colibri_model_open(&ctx);
     if (st != COLIBRI_OK)
         return demo_fail(&api, PROG, NAME, st);
-    return demo_run(&api, ctx, &a, logits, prompt_logits, COLIBRI_VOCAB, PROG, NAME);
+    return demo_run(&api, ctx, &a, tokens, COLIBRI_MAX_SEQ, logits, prompt_logits, COLIBRI_VOCAB, PROG, NAME);
 }

@@ -5,6 +5,8 @@
  *
  * The blob is mapped read-only and the arena is an anonymous mapping of
  * exactly colibri_arena_bytes: nothing is malloc'd, as on a microcontroller.
+ * MODEL.bin must be a regular file: a FIFO, a device or a directory is
+ * refused (exit 2) without waiting for a writer or reading a device.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
@@ -32,10 +34,19 @@ int main(int argc, char **argv)
     if (rc != DEMO_CONTINUE)
         return rc;
 
-    int fd = open(a.model, O_RDONLY);
+    /* non-blocking: opening a FIFO without a writer returns at once, and fstat then refuses it */
+    int fd = open(a.model, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0)
         return demo_io_error(PROG, a.model, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return demo_bad_input(PROG, a.model, S_ISDIR(sb.st_mode)    ? "a directory, not a regular file"
+                                             : S_ISFIFO(sb.st_mode) ? "a FIFO, not a regular file"
+                                             : S_ISCHR(sb.st_mode)  ? "a character device, not a regular file"
+                                             : S_ISBLK(sb.st_mode)  ? "a block device, not a regular file"
+                                                                    : "not a regular file");
+    }
     if ((uintmax_t)sb.st_size > SIZE_MAX)
         return demo_io_error(PROG, a.model, "file larger than the address space");
     size_t len = (size_t)sb.st_size;

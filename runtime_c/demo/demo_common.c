@@ -42,14 +42,18 @@ static int demo_long(const char *s, const char **end, long lo, long hi, long *ou
     return 1;
 }
 
-static int demo_tokens(const char *s, demo_args *a)
+/* Comma-separated int32 ids: counts them into *n and, when out is not NULL, stores them there
+ * (room for *n ids, counted by a first call). Returns 0 when s is malformed. */
+static int demo_tokens(const char *s, int32_t *out, size_t *n)
 {
-    a->n_tokens = 0;
+    *n = 0;
     for (;;) {
         long v;
-        if (a->n_tokens == DEMO_MAX_TOKENS || !demo_long(s, &s, INT32_MIN, INT32_MAX, &v))
+        if (!demo_long(s, &s, INT32_MIN, INT32_MAX, &v))
             return 0;
-        a->tokens[a->n_tokens++] = (int32_t)v; /* range is colibri's to judge (E_TOKEN) */
+        if (out)
+            out[*n] = (int32_t)v; /* range is colibri's to judge (E_TOKEN) */
+        ++*n;
         if (*s == '\0')
             return 1;
         if (*s++ != ',')
@@ -61,8 +65,9 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
                size_t n_default, long default_generate, demo_args *a)
 {
     a->model = NULL;
-    a->n_tokens = n_default < DEMO_MAX_TOKENS ? n_default : DEMO_MAX_TOKENS;
-    memcpy(a->tokens, default_tokens, a->n_tokens * sizeof *a->tokens);
+    a->tokens_text = NULL;
+    a->default_tokens = default_tokens;
+    a->n_tokens = n_default;
     a->generate = default_generate;
     a->threads = 1;
     a->print_logits = 0;
@@ -88,8 +93,9 @@ int demo_parse(int argc, char **argv, const char *prog, int want_model, const in
         } else if (strcmp(arg, "--print-logits") == 0) {
             a->print_logits = 1;
         } else if (is_tokens) {
-            if (!demo_tokens(value, a))
+            if (!demo_tokens(value, NULL, &a->n_tokens))
                 return demo_bad(prog, want_model, "--tokens wants comma-separated token ids", value);
+            a->tokens_text = value;
         } else if (is_generate) {
             if (!demo_long(value, &end, 0, LONG_MAX, &a->generate) || *end != '\0')
                 return demo_bad(prog, want_model, "--generate wants a count >= 0", value);
@@ -119,6 +125,12 @@ int demo_io_error(const char *prog, const char *name, const char *what)
     return 1;
 }
 
+int demo_bad_input(const char *prog, const char *name, const char *what)
+{
+    fprintf(stderr, "%s: %s: %s\n", prog, name, what);
+    return 2;
+}
+
 void *demo_map_anon(size_t len)
 {
     void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -143,7 +155,7 @@ int demo_start(const demo_api *api, const void *blob, size_t blob_len, const dem
     float *logits = demo_map_anon(2 * (size_t)info.vocab * sizeof(float));
     if (!logits)
         return demo_io_error(prog, name, "cannot map the logits");
-    return demo_run(api, ctx, a, logits, logits + info.vocab, info.vocab, prog, name);
+    return demo_run(api, ctx, a, NULL, 0, logits, logits + info.vocab, info.vocab, prog, name);
 }
 
 static int32_t demo_argmax(const float *v, size_t n) /* the first of equal maxima, as numpy's argmax */
@@ -162,11 +174,11 @@ static double demo_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits,
-                         float *prompt_logits, size_t vocab, const char *prog, const char *name)
+static int demo_generate(const demo_api *api, colibri_ctx *ctx, const demo_args *a, const int32_t *tokens,
+                         float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
     double t_prefill = demo_now();
-    colibri_status st = api->forward(ctx, a->tokens, a->n_tokens, logits, vocab);
+    colibri_status st = api->forward(ctx, tokens, a->n_tokens, logits, vocab);
     t_prefill = demo_now() - t_prefill;
     if (st != COLIBRI_OK)
         return demo_fail(api, prog, name, st);
@@ -331,9 +343,56 @@ static void demo_pool_stop(demo_pool *p)
         pthread_join(p->threads[i], NULL);
 }
 
-int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
-             size_t vocab, const char *prog, const char *name)
+/* The prompt's ids: the defaults, or the --tokens ids read into token_buf (or a mapping of their
+ * number); NULL after printing why (the return status in *rc). Refuses, before any forward pass, a
+ * prompt and generation that do not fit max_seq positions: the last generated token is not fed. */
+static const int32_t *demo_prompt(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t *token_buf,
+                                  size_t token_cap, const char *prog, const char *name, int *rc)
 {
+    char why[160];
+    colibri_model_info info = {.struct_size = sizeof info};
+    colibri_status st = api->info(ctx, &info);
+    if (st != COLIBRI_OK) {
+        *rc = demo_fail(api, prog, name, st);
+        return NULL;
+    }
+    uintmax_t steps = a->generate > 1 ? (uintmax_t)a->generate - 1 : 0;
+    if (a->n_tokens > info.max_seq) {
+        snprintf(why, sizeof why, "%zu tokens, more than max_seq %lu", a->n_tokens, (unsigned long)info.max_seq);
+        *rc = demo_bad_input(prog, name, why);
+        return NULL;
+    }
+    if (steps > info.max_seq - a->n_tokens) {
+        snprintf(why, sizeof why, "%zu prompt tokens and %ld to generate need %ju positions, more than max_seq %lu",
+                 a->n_tokens, a->generate, (uintmax_t)a->n_tokens + steps, (unsigned long)info.max_seq);
+        *rc = demo_bad_input(prog, name, why);
+        return NULL;
+    }
+    if (!a->tokens_text)
+        return a->default_tokens;
+    if (!token_buf)
+        token_buf = demo_map_anon(a->n_tokens * sizeof *token_buf); /* at most max_seq ids */
+    else if (a->n_tokens > token_cap) {
+        snprintf(why, sizeof why, "%zu tokens, more than this program's %zu", a->n_tokens, token_cap);
+        *rc = demo_bad_input(prog, name, why);
+        return NULL;
+    }
+    if (!token_buf) {
+        *rc = demo_io_error(prog, name, "cannot map the tokens");
+        return NULL;
+    }
+    size_t n;
+    demo_tokens(a->tokens_text, token_buf, &n); /* checked and counted by demo_parse */
+    return token_buf;
+}
+
+int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t *token_buf, size_t token_cap,
+             float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
+{
+    int rc = 0;
+    const int32_t *tokens = demo_prompt(api, ctx, a, token_buf, token_cap, prog, name, &rc);
+    if (!tokens)
+        return rc;
     static demo_pool pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .job = PTHREAD_COND_INITIALIZER,
                              .done = PTHREAD_COND_INITIALIZER};
     if (a->threads > 1) {
@@ -347,7 +406,7 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *l
             return demo_fail(api, prog, name, st);
         }
     }
-    int rc = demo_generate(api, ctx, a, logits, prompt_logits, vocab, prog, name);
+    rc = demo_generate(api, ctx, a, tokens, logits, prompt_logits, vocab, prog, name);
     if (a->threads > 1) {
         api->set_parallel(ctx, NULL, NULL, 0);
         demo_pool_stop(&pool);

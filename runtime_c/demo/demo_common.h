@@ -9,7 +9,12 @@
  * "logits: v0,v1,..." of the prompt's last position. --threads N (default 1)
  * runs the matrix products on N threads through colibri_set_parallel: a pool
  * of N - 1 pthreads and the caller; the results are the same bit for bit.
- * Exit status: 0 ok, 1 I/O error, 2 usage error, 3 colibri error.
+ * The prompt and the tokens to generate must fit the model's max_seq positions
+ * (N prompt tokens + G generated take N + G - 1): more is refused before any
+ * forward pass, never cut.
+ * Exit status: 0 ok, 1 I/O error, 2 usage error or bad input (a model file that
+ * is not a regular file, a prompt or a generation longer than max_seq),
+ * 3 colibri error.
  */
 #ifndef DEMO_COMMON_H
 #define DEMO_COMMON_H
@@ -19,7 +24,6 @@
 
 #include "colibri.h"
 
-#define DEMO_MAX_TOKENS 4096
 #define DEMO_CONTINUE (-1)
 
 /* The runtime entry points the demos call: linked in, or looked up with dlsym. */
@@ -37,9 +41,10 @@ typedef struct demo_api {
 #define DEMO_MAX_THREADS 64
 
 typedef struct demo_args {
-    const char *model; /* MODEL.bin, when the program takes one */
-    size_t n_tokens;
-    int32_t tokens[DEMO_MAX_TOKENS];
+    const char *model;          /* MODEL.bin, when the program takes one */
+    const char *tokens_text;    /* the --tokens ids, checked and counted; NULL: default_tokens */
+    const int32_t *default_tokens;
+    size_t n_tokens;            /* ids in tokens_text, else in default_tokens */
     long generate;
     long threads;
     int print_logits;
@@ -50,10 +55,13 @@ typedef struct demo_args {
 int demo_parse(int argc, char **argv, const char *prog, int want_model, const int32_t *default_tokens,
                size_t n_default, long default_generate, demo_args *a);
 
-/* Prefill of a->tokens, then greedy decoding; prints the results. logits and
- * prompt_logits each hold vocab floats. Returns the exit status. */
-int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, float *logits, float *prompt_logits,
-             size_t vocab, const char *prog, const char *name);
+/* Checks that the prompt and the generation fit the model's max_seq, then the
+ * prefill of the prompt and greedy decoding; prints the results. The --tokens
+ * ids are read into token_buf (token_cap ids, sized by the program from its
+ * model), or, when token_buf is NULL, into a mapping of exactly their number.
+ * logits and prompt_logits each hold vocab floats. Returns the exit status. */
+int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t *token_buf, size_t token_cap,
+             float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name);
 
 /* Maps an arena of exactly the size the blob needs (mmap, no malloc), inits a
  * context on it and runs demo_run. Returns the exit status. */
@@ -68,5 +76,8 @@ int demo_fail(const demo_api *api, const char *prog, const char *name, colibri_s
 
 /* "prog: name: what" on stderr; returns 1. */
 int demo_io_error(const char *prog, const char *name, const char *what);
+
+/* "prog: name: what" on stderr; returns 2 (bad input). */
+int demo_bad_input(const char *prog, const char *name, const char *what);
 
 #endif /* DEMO_COMMON_H */

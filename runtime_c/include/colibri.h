@@ -104,6 +104,12 @@ COLIBRI_API colibri_status colibri_info(const colibri_ctx *ctx, colibri_model_in
 /* A static string for every status value; never NULL. */
 COLIBRI_API const char *colibri_strerror(colibri_status status);
 
+#ifdef COLIBRI_TRACE_CHECKS
+/* Test builds (-DCOLIBRI_TRACE_CHECKS) only: validates the blob as colibri_init does and sets *line to
+ * the source line (runtime_c/src/blob.c) of the check that refused it, 0 when none did. */
+COLIBRI_API colibri_status colibri_debug_check(const void *blob, size_t blob_len, unsigned *line);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

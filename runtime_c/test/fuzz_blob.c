@@ -26,6 +26,7 @@
 
 #include "colibri.h"
 
+#include "../src/cb_format.h"
 #include "../src/cbmath.h"
 
 /* Arenas above this are not allocated (the header is then still validated). */
@@ -143,11 +144,11 @@ static void fuzz_one(const uint8_t *data, size_t size, int *raw, int *fixed)
         memcpy(b, data, size);
     *raw = (int)fuzz_blob(b, size);
     *fixed = -1;
-    if (size >= 24) {
+    if (size >= CB_H_BLOB_BYTES + 8) {
         uint64_t n = size;
-        memcpy(b + 16, &n, sizeof n);
-        uint32_t crc = cb_crc32(0, b + 12, size - 12);
-        memcpy(b + 8, &crc, sizeof crc);
+        memcpy(b + CB_H_BLOB_BYTES, &n, sizeof n);
+        uint32_t crc = cb_crc32(0, b + CB_CRC_FROM, size - CB_CRC_FROM);
+        memcpy(b + CB_H_CRC32, &crc, sizeof crc);
         *fixed = (int)fuzz_blob(b, size);
     }
     free(b);

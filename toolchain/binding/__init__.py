@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,43 @@ class ColibriError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"{message} (status {status})")
         self.status = status
+
+
+class TokenError(ColibriError, ValueError):
+    """The runtime refused a token id outside [0, vocab): a ValueError naming the element, with the
+    runtime's status."""
+
+    def __init__(self, status: int, message: str, index: int):
+        super().__init__(status, message)
+        self.index = index
+
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def token_ids(tokens: Iterable[int]) -> np.ndarray:
+    """tokens as an int32 array, never a cast: each must be a Python int or a numpy integer (not a
+    bool), in a flat sequence or a 1-D integer array, and fit in int32 (whether it is below the
+    vocabulary size is the runtime's to judge). Otherwise a TypeError or ValueError naming the bad
+    element and its index."""
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1:
+            raise TypeError(f"tokens: a {tokens.ndim}-D array, not a 1-D sequence of token ids")
+        if tokens.dtype == np.bool_ or not np.issubdtype(tokens.dtype, np.integer):
+            raise TypeError(f"tokens: an array of {tokens.dtype}, not of integer token ids")
+        bad = np.flatnonzero((tokens < INT32_MIN) | (tokens > INT32_MAX))
+        if bad.size:
+            raise ValueError(f"tokens[{bad[0]}] = {tokens[bad[0]]}: not a token id (outside int32)")
+        return np.ascontiguousarray(tokens, dtype=np.int32)  # every value fits: exact
+    if isinstance(tokens, (str, bytes, bytearray, memoryview, Mapping, Set)) or not isinstance(tokens, Iterable):
+        raise TypeError(f"tokens: {type(tokens).__name__}, not a sequence of token ids")
+    items = list(tokens)
+    for i, t in enumerate(items):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"tokens[{i}] = {t!r}: a {type(t).__name__}, not an integer token id")
+        if not INT32_MIN <= t <= INT32_MAX:
+            raise ValueError(f"tokens[{i}] = {t}: not a token id (outside int32)")
+    return np.array(items, dtype=np.int32).reshape(len(items))
 
 
 class _ModelInfo(ctypes.Structure):
@@ -94,13 +131,23 @@ class Model:
     def n_past(self) -> int:
         return int(self.info().n_past)
 
-    def forward(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append tokens to the sequence; return the last position's logits (a copy)."""
-        toks = np.ascontiguousarray(tokens, dtype=np.int32)
-        self._check(self._lib.colibri_forward(
+    def forward(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append tokens to the sequence; return the last position's logits (a copy).
+
+        Tokens are Python ints or numpy integers in [0, vocab), in a flat sequence or a 1-D integer
+        array; anything else is a TypeError or ValueError (TokenError) naming the element."""
+        toks = token_ids(tokens)
+        status = self._lib.colibri_forward(
             self._ctx, toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), toks.size,
             self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), self.vocab,
-        ))
+        )
+        if status != 0:
+            bad = np.flatnonzero((toks < 0) | (toks >= self.vocab))
+            if bad.size:
+                i = int(bad[0])
+                raise TokenError(status, f"tokens[{i}] = {toks[i]}: outside [0, vocab {self.vocab}); "
+                                 f"{self._lib.colibri_strerror(status).decode()}", i)
+        self._check(status)
         return self._logits.copy()
 
     def reset(self) -> None:
@@ -108,6 +155,10 @@ class Model:
 
     def generate(self, tokens: Sequence[int], n: int) -> list[int]:
         """Greedy: prefill tokens, then n new ids (returned without the prompt)."""
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n: a {type(n).__name__}, not a count of tokens")
+        if n < 0:
+            raise ValueError(f"n = {n}: a count of tokens is >= 0")
         out: list[int] = []
         logits = self.forward(tokens)
         for i in range(n):
@@ -153,4 +204,4 @@ def load(path: str | os.PathLike, runtime: str | os.PathLike | None = None) -> M
     return Model(lib, view.ctypes.data, view.size, keepalive=(lib, mm, view))
 
 
-__all__ = ["ColibriError", "Model", "load"]
+__all__ = ["ColibriError", "Model", "TokenError", "load", "token_ids"]

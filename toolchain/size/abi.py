@@ -125,7 +125,9 @@ def _hardening(img: ElfImage) -> dict:
 def audit_abi(artifact: Artifact, firmware: bool | None = None) -> dict:
     images = artifact.images
     if not images:
-        return {"kind": "archive", "exported": [], "undefined": [], "issues": ["archive has no ELF members"]}
+        return {"kind": "archive", "exported": [], "flagged_exports": [], "undefined": [], "flagged_undefined": [],
+                "link_namespace": [], "linked_forbidden": [], "hardening": None,
+                "issues": ["archive has no ELF members"]}
     kind = artifact_kind(images[0], artifact.archive, firmware)
     exported = sorted({_clean(s.name) for s in _exports(images, kind)})
     undefined = _undefined(images, kind)

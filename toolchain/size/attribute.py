@@ -30,7 +30,7 @@ CATEGORIES = {
     "metadata": "ELF/linker metadata",
     "unattributed": "padding/unattributed",
 }
-RUNTIME_FILES = {"colibri.c", "kernels.c", "kernels_q8.c", "cbmath.c"}
+RUNTIME_FILES = {"blob.c", "forward.c", "kernels.c", "kernels_q8.c", "cbmath.c"}
 GENERATED_FILES = {"model.c", "model_blob.S", "model.h"}
 TOOLCHAIN_MARKERS = ("newlib", "libgloss", "libgcc", "glibc", "sysdeps", "picolibc", "musl", "compiler-rt",
                      "/csu/", "/usr/")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -121,9 +122,19 @@ def _options(a: argparse.Namespace) -> Options:
 
 
 def _write_html(path: str, reports: list[dict], top: int) -> None:
+    """The HTML report, whole or not at all: written beside OUT, then renamed over it."""
     from .html import render
 
-    Path(path).write_text(render(reports, top))
+    out = Path(path)
+    if out.is_dir() or not out.name:
+        raise SizeError(f"{path}: cannot write the HTML report: a directory")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(render(reports, top))
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SizeError(f"{path}: cannot write the HTML report: {e.strerror or e}") from None
 
 
 def cmd_diff(a: argparse.Namespace, opts: Options) -> int:
@@ -131,14 +142,14 @@ def cmd_diff(a: argparse.Namespace, opts: Options) -> int:
     old = audit(old_path, Options(**{**vars(opts), "manifest": None, "stack": False}))
     new = audit(new_path, Options(**{**vars(opts), "stack": False}))
     d = diff(old, new, a.top)
+    if a.html:
+        _write_html(a.html, [old, new], a.top)
     if a.json:
         print(json.dumps(d, indent=1))
     elif a.csv:
         print(diff_csv(d), end="")
     else:
         print(diff_table(d), end="")
-    if a.html:
-        _write_html(a.html, [old, new], a.top)
     return 0
 
 
@@ -163,6 +174,8 @@ def _cmd_size(a: argparse.Namespace) -> int:
             print("colibri size: give FILE(s) or --diff OLD NEW", file=sys.stderr)
             return 2
         reports = [audit(f, opts) for f in a.files]
+        if a.html:
+            _write_html(a.html, reports, a.top)
     except (SizeError, OSError, ValueError, targets_mod.TargetError) as e:
         print(f"colibri size: {e}", file=sys.stderr)
         return 2
@@ -173,7 +186,6 @@ def _cmd_size(a: argparse.Namespace) -> int:
     else:
         print("\n".join(table(r, a.top) for r in reports), end="")
     if a.html:
-        _write_html(a.html, reports, a.top)
         print(f"colibri size: wrote {a.html}", file=sys.stderr)
     status = 0
     for r in reports:

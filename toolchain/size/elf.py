@@ -9,21 +9,30 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from elftools.common.exceptions import ELFError, ELFRelocationError
+from elftools.common.exceptions import DWARFError, ELFError, ELFRelocationError
+from elftools.dwarf.die import DIE
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
+
+from colibri.codegen.errors import ExportError
+from colibri.codegen.safeio import open_regular
+
+from .elfcheck import check_elf
+from .errors import SizeError
 
 ARCH = {"EM_X86_64": "x86_64", "EM_386": "x86", "EM_AARCH64": "aarch64", "EM_ARM": "arm", "EM_RISCV": "riscv"}
 DW_OP_ADDR = 0x03
 
-
-class SizeError(Exception):
-    """A file that is neither an ELF file nor an ar archive of ELF objects."""
+# What pyelftools raises on a malformed file once the tables are known to lie inside it: its own
+# errors, and whatever its parsers hit on bad DWARF (a missing abbreviation, a bad form, a bad offset).
+PARSE_ERRORS = (ELFError, DWARFError, ValueError, KeyError, IndexError, TypeError, AttributeError, ZeroDivisionError,
+                AssertionError, OverflowError, EOFError, struct.error, NotImplementedError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -252,9 +261,12 @@ def _dynamic(elf: ELFFile) -> tuple[dict[str, list[int]], list[str]]:
     tags: dict[str, list[int]] = {}
     needed: list[str] = []
     sec = elf.get_section_by_name(".dynamic")
-    if sec is None or not hasattr(sec, "iter_tags"):
+    if sec is None or not hasattr(sec, "get_tag") or sec["sh_type"] == "SHT_NOBITS":
         return tags, needed
-    for t in sec.iter_tags():
+    for n in range(sec["sh_size"] // elf.structs.Elf_Dyn.sizeof()):  # up to DT_NULL, never past the section
+        t = sec.get_tag(n)
+        if t.entry.d_tag == "DT_NULL":
+            break
         tags.setdefault(str(t.entry.d_tag), []).append(t.entry.d_val)
         if t.entry.d_tag == "DT_NEEDED":
             needed.append(t.needed)
@@ -296,10 +308,27 @@ def _cu_ranges(dwarf, cu, top) -> list[tuple[int, int]]:
     return out
 
 
-def _cu_variables(top) -> list[int]:
+def _top_children(cu, top):
+    """The top DIE's children, read in order through the unit (pyelftools' iter_children follows
+    DW_AT_sibling, which a malformed file can point backwards: a loop without end)."""
+    end, offset, depth = cu.cu_offset + cu.size, top.offset + top.size, 1 if top.has_children else 0
+    while depth and offset < end:
+        die = DIE(cu, top.stream, offset)
+        if die.size <= 0:
+            raise ValueError(f"DIE of size {die.size} at offset {offset}")
+        offset += die.size
+        if die.is_null():
+            depth -= 1
+            continue
+        if depth == 1:
+            yield die
+        depth += die.has_children
+
+
+def _cu_variables(cu, top) -> list[int]:
     """Addresses of the file-scope variables a compile unit defines (DW_OP_addr locations)."""
     out = []
-    for die in top.iter_children():
+    for die in _top_children(cu, top):
         if die.tag != "DW_TAG_variable":
             continue
         loc = die.attributes.get("DW_AT_location")
@@ -311,11 +340,11 @@ def _cu_variables(top) -> list[int]:
 
 def _units(elf: ELFFile, linked: bool) -> list[CompileUnit]:
     if not elf.has_dwarf_info() or elf.get_section_by_name(".debug_info") is None:
-        return []
+        return []  # (.zdebug_*, GNU's old compressed DWARF, is not read: its size is unbounded)
     if not linked:
         unit = object_unit(elf)
         return [unit] if unit is not None else []
-    dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False)
+    dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False, follow_links=False)
     aranges: dict[int, list[tuple[int, int]]] = {}
     ar = dwarf.get_aranges()
     if ar is not None:
@@ -331,7 +360,7 @@ def _units(elf: ELFFile, linked: bool) -> list[CompileUnit]:
         # leaves mid-list for each discarded function, losing the ranges after it
         both = set(aranges.get(cu.cu_offset, [])) | set(_cu_ranges(dwarf, cu, top))
         unit.ranges = sorted((lo, hi) for lo, hi in both if hi > lo)
-        unit.variables = _cu_variables(top)
+        unit.variables = _cu_variables(cu, top)
         units.append(unit)
     return units
 
@@ -356,10 +385,10 @@ def _reloc_string(elf: ELFFile, attr) -> str | None:
 def object_unit(elf: ELFFile) -> CompileUnit | None:
     """The first compile unit of a relocatable object: its source name and unit length."""
     try:
-        dwarf = elf.get_dwarf_info()
+        dwarf = elf.get_dwarf_info(follow_links=False)
         manual = False
     except ELFRelocationError:
-        dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False)
+        dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False, follow_links=False)
         manual = True
     cu = next(dwarf.iter_CUs(), None)
     if cu is None:
@@ -374,10 +403,16 @@ def object_unit(elf: ELFFile) -> CompileUnit | None:
 
 
 def read_elf(stream: BinaryIO, name: str, member: str | None = None, dwarf: bool = True) -> ElfImage:
+    """The audit's view of one ELF file; SizeError naming it when it is malformed."""
+    check_elf(stream, name)
     try:
-        elf = ELFFile(stream)
-    except ELFError as e:
-        raise SizeError(f"{name}: not an ELF file ({e})") from None
+        return _read_elf(stream, name, member, dwarf)
+    except PARSE_ERRORS as e:
+        raise SizeError(f"{name}: malformed ELF file: {' '.join(str(e).split()) or type(e).__name__}") from e
+
+
+def _read_elf(stream: BinaryIO, name: str, member: str | None, dwarf: bool) -> ElfImage:
+    elf = ELFFile(stream)
     segments = [Segment(str(p["p_type"]), p["p_vaddr"], p["p_paddr"], p["p_offset"], p["p_filesz"], p["p_memsz"],
                         p["p_flags"]) for p in elf.iter_segments()]
     interp = next((p.get_interp_name() for p in elf.iter_segments() if p["p_type"] == "PT_INTERP"), None)
@@ -395,59 +430,90 @@ def read_elf(stream: BinaryIO, name: str, member: str | None = None, dwarf: bool
     return img
 
 
+AR_MAGIC, AR_THIN = b"!<arch>\n", b"!<thin>\n"
+AR_HEADER = 60
+AR_SYMBOL_TABLES = ("/", "/SYM64/", "__.SYMDEF", "__.SYMDEF SORTED")
+
+
+def _ar_number(field: bytes, path: Path, pos: int, what: str) -> int:
+    text = field.decode("latin-1").strip()
+    if not text.isascii() or not text.isdigit():
+        raise SizeError(f"{path}: malformed archive: member header at offset {pos} has {what} {text!r}, "
+                        "not a decimal number")
+    return int(text)
+
+
 def _ar_members(f: BinaryIO, path: Path) -> list[tuple[str, int, int]]:
-    """(name, data offset, size) of each member of a System V / GNU / BSD ar archive."""
+    """(name, data offset, size) of each member of a System V / GNU / BSD ar archive. Every size is
+    checked against the file's, and each header starts after the last, so the walk ends."""
     magic = f.read(8)
-    thin = magic == b"!<thin>\n"
-    if magic not in (b"!<arch>\n", b"!<thin>\n"):
+    thin = magic == AR_THIN
+    if magic not in (AR_MAGIC, AR_THIN):
         raise SizeError(f"{path}: not an ar archive")
     f.seek(0, io.SEEK_END)
     end = f.tell()
     pos, longnames, out = 8, b"", []
-    while pos + 60 <= end:
+    while pos + AR_HEADER <= end:
         f.seek(pos)
-        hdr = f.read(60)
+        hdr = f.read(AR_HEADER)
         if hdr[58:60] != b"`\n":
             raise SizeError(f"{path}: corrupt archive member header at offset {pos}")
-        raw, size = hdr[:16].decode("latin-1").rstrip(), int(hdr[48:58].decode().strip() or 0)
-        data = pos + 60
+        raw, size = hdr[:16].decode("latin-1").rstrip(), _ar_number(hdr[48:58], path, pos, "size")
+        data = pos + AR_HEADER
+        inside = not thin or raw in ("//", *AR_SYMBOL_TABLES)  # a thin archive's members are files beside it
+        if inside and data + size > end:
+            raise SizeError(f"{path}: malformed archive: member at offset {pos} claims {size} bytes, past the end "
+                            f"of the file ({end} bytes)")
         if raw == "//":
             f.seek(data)
             longnames = f.read(size)
-        elif raw in ("/", "/SYM64/", "__.SYMDEF", "__.SYMDEF SORTED"):
-            pass
-        else:
+        elif raw not in AR_SYMBOL_TABLES:
             if raw.startswith("#1/"):  # BSD: the name precedes the data
-                n = int(raw[3:])
+                n = _ar_number(raw[3:].encode("latin-1"), path, pos, "name length")
+                if n > size:
+                    raise SizeError(f"{path}: malformed archive: member at offset {pos} has a {n}-byte name in "
+                                    f"{size} bytes")
                 f.seek(data)
-                name, data, size = f.read(n).rstrip(b"\0").decode(), data + n, size - n
+                name, data, size = f.read(n).rstrip(b"\0").decode("utf-8", "replace"), data + n, size - n
             elif raw.startswith("/") and raw[1:].isdigit():
                 off = int(raw[1:])
-                name = longnames[off: longnames.index(b"\n", off)].decode().rstrip("/")
+                stop = longnames.find(b"\n", off)
+                if off >= len(longnames) or stop < 0:
+                    raise SizeError(f"{path}: malformed archive: member at offset {pos} names offset {off} of a "
+                                    f"{len(longnames)}-byte name table")
+                name = longnames[off:stop].decode("utf-8", "replace").rstrip("/")
             else:
                 name = raw.rstrip("/")
             out.append((name, -1 if thin else data, size))
-        pos = data + (0 if thin and raw not in ("//", "/", "/SYM64/") else size)
+        pos = data + (size if inside else 0)
         pos += pos & 1
     return out
+
+
+def open_input(path: Path, what: str) -> BinaryIO:
+    """A regular file opened for reading (a FIFO or a device is refused, never waited on)."""
+    try:
+        return os.fdopen(open_regular(path, what), "rb")
+    except ExportError as e:
+        raise SizeError(str(e)) from None
 
 
 def load(path: str | Path, dwarf: bool = True) -> Artifact:
     """Read an ELF file or every ELF member of an ar archive."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_input(path, "file") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         f.seek(0)
         if head.startswith(b"\x7fELF"):
             return Artifact(path, False, size, [read_elf(f, str(path), dwarf=dwarf)])
-        if head not in (b"!<arch>\n", b"!<thin>\n"):
+        if head not in (AR_MAGIC, AR_THIN):
             raise SizeError(f"{path}: neither an ELF file nor an ar archive")
         images = []
         for name, start, length in _ar_members(f, path):
             label = f"{path}({name})"
             if start < 0:  # thin archive: the member is a file beside the archive
-                with open(path.parent / name, "rb") as m:
+                with open_input(path.parent / name, f"member {name} of thin archive {path}") as m:
                     if m.read(4) == b"\x7fELF":
                         m.seek(0)
                         images.append(read_elf(m, label, name, dwarf))

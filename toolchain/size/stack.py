@@ -17,7 +17,8 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from .elf import ElfImage, object_unit
+from .elf import ElfImage, object_unit, open_input
+from .errors import SizeError
 
 INDIRECT = "__indirect_call"
 RED_ZONE = {"x86_64": 128}
@@ -26,6 +27,16 @@ _EDGE = re.compile(r'edge:\s*\{\s*sourcename:\s*"((?:[^"\\]|\\.)*)"\s*targetname
 _GRAPH = re.compile(r'graph:\s*\{\s*title:\s*"((?:[^"\\]|\\.)*)"')
 _FRAME = re.compile(r"(\d+) bytes \(([a-z,]+)\)")
 OBJECT_SUFFIXES = (".o", ".os", ".obj", ".lo")
+STACK_FILE_LIMIT = 64 << 20  # bytes of one .su or .ci file (GCC writes kilobytes per source)
+
+
+def _text(path: Path) -> str:
+    """A .su or .ci file: a regular file of at most STACK_FILE_LIMIT bytes."""
+    with open_input(path, "stack usage file") as f:
+        data = f.read(STACK_FILE_LIMIT + 1)
+    if len(data) > STACK_FILE_LIMIT:
+        raise SizeError(f"{path}: stack usage file larger than {STACK_FILE_LIMIT} bytes")
+    return data.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,7 @@ class Bound:
 def read_su(path: Path) -> list[Frame]:
     """Lines 'file:line:col:function<TAB>bytes<TAB>qualifier'."""
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in _text(path).splitlines():
         parts = line.split("\t")
         if len(parts) < 3 or not parts[1].strip().isdigit():
             continue
@@ -74,7 +85,7 @@ def read_su(path: Path) -> list[Frame]:
 
 def read_ci(path: Path, graph: CallGraph) -> None:
     """Merge one VCG call-graph file into graph."""
-    text = path.read_text(errors="replace")
+    text = _text(path)
     for key, label, _rest in _NODE.findall(text):
         lines = label.replace("\\n", "\n").split("\n")
         m = _FRAME.search(label.replace("\\n", "\n"))
@@ -93,7 +104,7 @@ def read_ci(path: Path, graph: CallGraph) -> None:
 def _fingerprint(obj: Path) -> tuple[str, int] | None:
     """(compile-unit name, unit length) of an object: ld copies .debug_info units unchanged."""
     try:
-        with open(obj, "rb") as f:
+        with open_input(obj, "object file") as f:
             elf = ELFFile(f)
             unit = object_unit(elf) if elf.has_dwarf_info() else None
     except Exception:  # a stray or foreign object is simply not matched
@@ -103,9 +114,9 @@ def _fingerprint(obj: Path) -> tuple[str, int] | None:
 
 def _source_of(path: Path) -> str:
     if path.suffix == ".ci":
-        m = _GRAPH.search(path.read_text(errors="replace")[:4096])
+        m = _GRAPH.search(_text(path)[:4096])
         return m.group(1) if m else path.stem
-    first = path.read_text(errors="replace").split("\n", 1)[0]
+    first = _text(path).split("\n", 1)[0]
     return first.split(":", 1)[0] if ":" in first else path.stem
 
 
@@ -116,7 +127,7 @@ def find_inputs(dirs: list[Path], images: list[ElfImage] | None) -> tuple[list[P
     files: list[Path] = []
     for d in dirs:
         if d.is_dir():
-            files += sorted(p for p in d.rglob("*") if p.suffix in (".ci", ".su"))
+            files += sorted(p for p in d.rglob("*") if p.suffix in (".ci", ".su") and p.is_file())
     by_stem: dict[Path, Path] = {}
     for p in files:  # one entry per object: prefer the call graph
         key = p.with_suffix("")
@@ -275,7 +286,11 @@ def audit_stack(dirs: list[Path], images: list[ElfImage] | None, arch: str | Non
         return None
     graph = load_graph(inputs)
     entries = entry_points(graph, images)
-    bounds = analyze(graph, entries, arch)
+    try:
+        bounds = analyze(graph, entries, arch)
+    except RecursionError:  # the walk recurses along call chains
+        raise SizeError(f"{inputs[0].parent}: stack audit: call chains in the .ci files too deep to follow "
+                        "(--no-stack skips the audit)") from None
     frames = sorted(graph.frames.values(), key=lambda f: -f.bytes)
     return {
         "inputs": [str(p) for p in inputs],

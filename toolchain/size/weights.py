@@ -1,29 +1,25 @@
 """The weights blob, tensor by tensor, as the exporter's manifest.json describes it.
 
 This is the only place the audit learns anything about models, and only through
-the manifest: tensor names, offsets and byte spans.
+the manifest: tensor names, their class (`group`), layer and expert, offsets and byte spans.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 BLOB_SYMBOL = "colibri_blob_data"
 BLOB_SECTION = ".rodata.model"
 HEADER = "header+padding"
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^moe\.experts\.(\d+)\.")
-
-
 @dataclass(frozen=True)
 class Tensor:
     name: str
     offset: int
     bytes: int
-    kind: str  # embedding, attention, norms, router, experts, lm_head, rope, other
+    kind: str  # the manifest's group: embedding, attention, norms, router, experts, shared_expert, dense_mlp,
+    # lm_head, rope; other
     layer: int | None
     expert: int | None
 
@@ -36,29 +32,15 @@ class Manifest:
     tensors: tuple[Tensor, ...]
 
 
-def tensor_kind(name: str) -> tuple[str, int | None, int | None]:
-    """(kind, layer, expert) of a canonical tensor name."""
-    if name == "embed":
-        return "embedding", None, None
-    if name == "lm_head":
-        return "lm_head", None, None
-    if name == "rope_freq":
-        return "rope", None, None
-    if name.endswith("norm"):
-        m = _LAYER.match(name)
-        return "norms", int(m.group(1)) if m else None, None
-    m = _LAYER.match(name)
-    if not m:
-        return "other", None, None
-    layer, rest = int(m.group(1)), m.group(2)
-    if rest.startswith("attn."):
-        return "attention", layer, None
-    if rest == "moe.router":
-        return "router", layer, None
-    e = _EXPERT.match(rest)
-    if e:
-        return "experts", layer, int(e.group(1))
-    return "other", layer, None
+def _fields_of(name: str) -> dict:
+    """group, layer and expert of a tensor of a manifest written before its rows carried them: what the
+    blob schema says of the name (the schema's one name parser), "other" for a name it does not know."""
+    from colibri.codegen.format import tensor_fields
+
+    try:
+        return tensor_fields(name)
+    except KeyError:
+        return {"group": "other", "layer": None, "expert": None}
 
 
 def load_manifest(path: Path) -> Manifest | None:
@@ -70,8 +52,10 @@ def load_manifest(path: Path) -> Manifest | None:
         blob_bytes = int(data["blob"]["bytes"])
         tensors = []
         for t in data.get("tensors", []):
-            kind, layer, expert = tensor_kind(t["name"])
-            tensors.append(Tensor(t["name"], int(t["offset"]), int(t["bytes"]), kind, layer, expert))
+            f = t if "group" in t else _fields_of(str(t["name"]))
+            layer, expert = f.get("layer"), f.get("expert")
+            tensors.append(Tensor(t["name"], int(t["offset"]), int(t["bytes"]), str(f["group"]),
+                                  None if layer is None else int(layer), None if expert is None else int(expert)))
     except (KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a colibri manifest (missing {e})") from None
     quant = data.get("quant", {}).get("scheme", "") if isinstance(data.get("quant"), dict) else str(data.get("quant"))

@@ -1,0 +1,442 @@
+"""The blob format (model.bin) as data: the one definition the writer, every reader, the C header
+runtime_c/src/cb_format.h and the tables of runtime_c/FORMAT.md are made from.
+
+Nothing else in the tree knows a header offset, a kind code, a flag bit or the order of a layer's
+tensors: `codegen/blob.py` packs from HEADER, `codegen/blobview.py`, `codegen/inspect.py` and the
+size audit (through manifest.json) read with it, `codegen/formatgen.py` writes the C header and the
+documentation tables from it (tests/test_format.py fails when either is stale).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+MAGIC = 0x52424C43  # bytes "CLBR"
+VERSION_MAJOR = 1
+HEADER_BYTES = 256
+ENTRY_BYTES = 64
+ALIGN = 64  # every payload array, the blob and the arena buffers
+ROW_ALIGN = 16  # row stride of a row-major tensor
+CTX_BYTES = 256  # the runtime's context at arena offset 0
+CRC_FROM = 12  # the CRC-32 covers [CRC_FROM, blob_bytes): everything after the crc32 field
+
+# Integer matmuls (FORMAT.md): activations quantized in blocks of Q8_BLOCK; the tiled16 layout stores
+# q8 matrices in tiles of TILE_ROWS rows, TILE_COLS columns of each row together.
+Q8_BLOCK = 32
+TILE_ROWS = 16
+TILE_COLS = 4
+
+# Versions: the minor a blob is written with says which of the later additions it uses.
+MINOR_BASE = 0  # no feature flag beyond TIED, no integer matmuls
+MINOR_FEATURES = 1  # a feature flag of the MoE families beyond Mixtral
+MINOR_INT8_ACTS = 2  # integer matmuls (an xq buffer, maybe the tiled layout)
+
+_TYPES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "f32": "f"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One fixed-position field: `count` > 1 is an array (`u64[13]`)."""
+
+    name: str
+    offset: int
+    type: str
+    doc: str
+    since: int = 0  # format minor that added it
+    count: int = 1
+
+    @property
+    def fmt(self) -> str:
+        return f"<{self.count}{_TYPES[self.type]}" if self.count > 1 else "<" + _TYPES[self.type]
+
+    @property
+    def size(self) -> int:
+        return struct.calcsize(self.fmt)
+
+    @property
+    def type_name(self) -> str:
+        return f"{self.type}[{self.count}]" if self.count > 1 else self.type
+
+
+# Bounds on header fields that size anything: the C validator refuses a blob outside them
+# (COLIBRI_E_BAD_HEADER) and every Python reader checks them before allocating anything in proportion.
+MAX_LAYERS = 1 << 16  # the table entry's layer field is a u16
+MAX_EXPERTS = 1 << 16  # the table entry's expert field is a u16
+MAX_TOP_K = 16
+MAX_PREFILL_BLOCK = 128
+DENSE_MAP_LAYERS = 256  # layers the dense_map can mark; later layers are MoE
+N_BUFFER_SLOTS = 13  # buffer_offset entries in the header
+# the header fields a reader builds lists in proportion to, and their bounds
+SIZE_BOUNDS = (("n_layers", MAX_LAYERS), ("n_experts", MAX_EXPERTS))
+
+HEADER: tuple[Field, ...] = (
+    Field("magic", 0, "u32", "`0x52424C43` (bytes `C L B R`)"),
+    Field("version_major", 4, "u16", "1; a different major is refused"),
+    Field("version_minor", 6, "u16", "0; 1 when any flag other than TIED is set; 2 with integer matmuls "
+                                      "(xq_offset ≠ 0); a newer minor is accepted"),
+    Field("crc32", 8, "u32", "CRC-32 (IEEE 802.3, as zlib.crc32) of bytes `[12, blob_bytes)`"),
+    Field("header_bytes", 12, "u32", "256 + 64·n_tensors rounded up to 64"),
+    Field("blob_bytes", 16, "u64", "total length; must equal the length passed in"),
+    Field("n_tensors", 24, "u32", "must equal the count the dims imply"),
+    Field("flags", 28, "u32", "see \"Feature flags\""),
+    Field("layout", 32, "u32", "1 = row-major, each row padded to a 16-byte stride; 2 = q8 matrices in 16-row "
+                                "tiles (see \"Integer matmuls\"), the rest row-major. Any other value: "
+                                "`COLIBRI_E_LAYOUT`"),
+    Field("vocab", 36, "u32", ""),
+    Field("hidden", 40, "u32", ""),
+    Field("n_layers", 44, "u32", f"≤ {MAX_LAYERS}"),
+    Field("n_heads", 48, "u32", ""),
+    Field("n_kv_heads", 52, "u32", "divides n_heads"),
+    Field("head_dim", 56, "u32", "even"),
+    Field("ffn", 60, "u32", "expert intermediate size"),
+    Field("n_experts", 64, "u32", f"≤ {MAX_EXPERTS}"),
+    Field("top_k", 68, "u32", f"1 ≤ top_k ≤ n_experts, ≤ {MAX_TOP_K}"),
+    Field("max_seq", 72, "u32", "KV cache positions"),
+    Field("rms_eps", 76, "f32", "finite, ≥ 0"),
+    Field("rope_theta", 80, "f32", "informational; the runtime uses the ROPE_FREQ tensor"),
+    Field("n_buffers", 84, "u32", "number of arena buffers: 11, or 13 with a shared expert or dense layers"),
+    Field("arena_bytes", 88, "u64", "total arena the plan needs"),
+    Field("buffer_offset", 96, "u64", "byte offset of each arena buffer (see \"Arena\"); entries from n_buffers "
+                                      "on are zero", count=N_BUFFER_SLOTS),
+    Field("shared_ffn", 200, "u32", "shared expert intermediate size; nonzero exactly when SHARED_EXPERT", since=1),
+    Field("dense_ffn", 204, "u32", "dense MLP intermediate size; nonzero exactly when DENSE_LAYERS", since=1),
+    Field("routed_scale", 208, "f32", "finite, > 0 when ROUTED_SCALE; else zero (meaning 1)", since=1),
+    Field("prefill_block", 212, "u32",
+          f"tokens per prefill block of the arena plan, 0–{MAX_PREFILL_BLOCK} (a microcontroller build of the "
+          "runtime takes 0–32); 0 (every blob written before it) means 1. Written whenever it is not 1, in 1.0 "
+          "blobs too: a runtime that predates the field refuses such a blob (nonzero reserved word) rather than "
+          "running it with buffers it sizes wrongly"),
+    Field("dense_map", 216, "u8", f"bit `L % 8` of byte `L / 8` set when layer L is a dense MLP; only with "
+                                  f"DENSE_LAYERS (at least one bit), only below n_layers, layers ≥ "
+                                  f"{DENSE_MAP_LAYERS} are MoE", since=1, count=DENSE_MAP_LAYERS // 8),
+    Field("xq_offset", 248, "u64", "arena offset of the xq buffer (see \"Integer matmuls\"); 0 without integer "
+                                   "matmuls", since=2),
+)
+H = {f.name: f for f in HEADER}
+
+ENTRY: tuple[Field, ...] = (
+    Field("kind", 0, "u16", "see \"Kinds\""),
+    Field("layer", 2, "u16", "0 for global tensors"),
+    Field("expert", 4, "u16", "0 for non-expert tensors"),
+    Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C"),
+    Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C only)"),
+    Field("rows", 8, "u32", "outputs"),
+    Field("cols", 12, "u32", "inputs"),
+    Field("row_stride", 16, "u32", "bytes from one row to the next, ≥ cols·elem, multiple of 16"),
+    Field("group_size", 20, "u32", "inputs per scale (divides into ceil(cols/group_size) groups; = cols for "
+                                   "per-row)"),
+    Field("n_outliers", 24, "u32", "I8C only, else 0"),
+    Field("reserved", 28, "u32", "0"),
+    Field("data_off", 32, "u64", "rows·row_stride bytes of weights (padding bytes are zero); tiled: padded "
+                                 "rows·cols"),
+    Field("scale_off", 40, "u64", "rows·n_groups scales of scale_dtype, row-major (0 if none); tiled: padded "
+                                  "rows·n_groups, tiled"),
+    Field("oidx_off", 48, "u64", "n_outliers u16 gaps between flat indices `row*cols + col` (0 if none)"),
+    Field("oval_off", 56, "u64", "n_outliers F16 corrections (0 if none)"),
+)
+E = {f.name: f for f in ENTRY}
+ENTRY_STRUCT = struct.Struct("<" + "".join(_TYPES[f.type] * f.count for f in ENTRY))
+ENTRY_NAMES = tuple(f.name for f in ENTRY)
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    bit: int
+    doc: str
+    since: int = 1
+
+    @property
+    def mask(self) -> int:
+        return 1 << self.bit
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("TIED", 0, "lm_head tied to embed (no LM_HEAD entry)", since=0),
+    Flag("QKV_BIAS", 1, "q, k, v projections add BQ, BK, BV (Qwen2-MoE `qkv_bias`)"),
+    Flag("QK_NORM_HEAD", 2, "RMSNorm (eps rms_eps) of each q and k head with Q_NORM / K_NORM of head_dim, before "
+                            "rotary (Qwen3-MoE)"),
+    Flag("QK_NORM_FULL", 3, "RMSNorm of the whole q (n_heads·head_dim) and k (n_kv_heads·head_dim) vectors, before "
+                            "rotary (OLMoE); excludes QK_NORM_HEAD"),
+    Flag("TOPK_NO_NORM", 4, "routing weights are the softmax probabilities of the top_k experts, not renormalised "
+                            "(HF `norm_topk_prob` false)"),
+    Flag("SHARED_EXPERT", 5, "every MoE layer also runs a SiLU-gated MLP of shared_ffn (SHARED_W_GATE, "
+                             "SHARED_W_DOWN, SHARED_W_UP) on the same input and adds it after the routed experts "
+                             "(Qwen2-MoE shared_expert, DeepSeek shared_experts)"),
+    Flag("SHARED_GATE", 6, "the shared expert's output is scaled by sigmoid(SHARED_EXPERT_GATE · x) (Qwen2-MoE); "
+                           "needs SHARED_EXPERT"),
+    Flag("DENSE_LAYERS", 7, "layers marked in dense_map have a SiLU-gated MLP of dense_ffn (MLP_GATE, MLP_DOWN, "
+                            "MLP_UP) instead of router and experts"),
+    Flag("ROUTED_SCALE", 8, "every routing weight (after the optional renormalisation) is multiplied by "
+                            "routed_scale (DeepSeek `routed_scaling_factor`)"),
+)
+FLAG = {f.name: f.mask for f in FLAGS}
+FLAGS_KNOWN = sum(f.mask for f in FLAGS)
+QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
+
+DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}
+SCALE_DTYPES = {"f32": 1, "f16": 2}
+LAYOUTS = {"rows": 1, "tiled16": 2}
+LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A tensor kind: its code, the canonical name it has (`{L}` the layer, `{E}` the expert), its shape
+    and the dtypes the runtime accepts, and what the size audit calls its bytes."""
+
+    name: str
+    code: int
+    canonical: str
+    shape: str
+    dtypes: str  # "any", "f32", "f32 f16"
+    group: str  # size-audit class: embedding, rope, norms, attention, router, experts, shared_expert, dense_mlp
+    since: int = 0
+    derived: bool = False  # computed by the exporter, not read from the checkpoint
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("EMBED", 1, "embed", "vocab × hidden", "any", "embedding"),
+    Kind("ROPE_FREQ", 2, "rope_freq", "1 × head_dim/2", "f32", "rope", derived=True),
+    Kind("ATTN_NORM", 3, "layers.{L}.attn_norm", "1 × hidden", "f32", "norms"),
+    Kind("WQ", 4, "layers.{L}.attn.q", "n_heads·head_dim × hidden", "any", "attention"),
+    Kind("WK", 5, "layers.{L}.attn.k", "n_kv_heads·head_dim × hidden", "any", "attention"),
+    Kind("WV", 6, "layers.{L}.attn.v", "n_kv_heads·head_dim × hidden", "any", "attention"),
+    Kind("WO", 7, "layers.{L}.attn.o", "hidden × n_heads·head_dim", "any", "attention"),
+    Kind("FFN_NORM", 8, "layers.{L}.ffn_norm", "1 × hidden", "f32", "norms"),
+    Kind("ROUTER", 9, "layers.{L}.moe.router", "n_experts × hidden", "f32 f16", "router"),
+    Kind("W_GATE", 10, "layers.{L}.moe.experts.{E}.gate", "ffn × hidden", "any", "experts"),
+    Kind("W_DOWN", 11, "layers.{L}.moe.experts.{E}.down", "hidden × ffn", "any", "experts"),
+    Kind("W_UP", 12, "layers.{L}.moe.experts.{E}.up", "ffn × hidden", "any", "experts"),
+    Kind("FINAL_NORM", 13, "final_norm", "1 × hidden", "f32", "norms"),
+    Kind("LM_HEAD", 14, "lm_head", "vocab × hidden", "any", "lm_head"),
+    Kind("BQ", 15, "layers.{L}.attn.q_bias", "1 × n_heads·head_dim", "f32", "attention", since=1),
+    Kind("BK", 16, "layers.{L}.attn.k_bias", "1 × n_kv_heads·head_dim", "f32", "attention", since=1),
+    Kind("BV", 17, "layers.{L}.attn.v_bias", "1 × n_kv_heads·head_dim", "f32", "attention", since=1),
+    Kind("Q_NORM", 18, "layers.{L}.attn.q_norm",
+         "1 × head_dim (QK_NORM_HEAD) or 1 × n_heads·head_dim (QK_NORM_FULL)", "f32", "norms", since=1),
+    Kind("K_NORM", 19, "layers.{L}.attn.k_norm",
+         "1 × head_dim (QK_NORM_HEAD) or 1 × n_kv_heads·head_dim (QK_NORM_FULL)", "f32", "norms", since=1),
+    Kind("SHARED_EXPERT_GATE", 20, "layers.{L}.moe.shared_gate", "1 × hidden", "f32", "shared_expert", since=1),
+    Kind("SHARED_W_GATE", 21, "layers.{L}.moe.shared.gate", "shared_ffn × hidden", "any", "shared_expert", since=1),
+    Kind("SHARED_W_DOWN", 22, "layers.{L}.moe.shared.down", "hidden × shared_ffn", "any", "shared_expert", since=1),
+    Kind("SHARED_W_UP", 23, "layers.{L}.moe.shared.up", "shared_ffn × hidden", "any", "shared_expert", since=1),
+    Kind("MLP_GATE", 24, "layers.{L}.mlp.gate", "dense_ffn × hidden", "any", "dense_mlp", since=1),
+    Kind("MLP_DOWN", 25, "layers.{L}.mlp.down", "hidden × dense_ffn", "any", "dense_mlp", since=1),
+    Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
+)
+KIND = {k.name: k for k in KINDS}
+KIND_BY_CODE = {k.code: k for k in KINDS}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A run of a layer's table entries: `kinds` in order, present when `when` holds (a flag name, "moe"
+    or "dense"), repeated once per expert when `per_expert`. `name` is its field in C's cb_layer_slots."""
+
+    name: str
+    kinds: tuple[str, ...]
+    when: tuple[str, ...] = ()  # all must hold; a flag name, "QK_NORM" (either q/k norm flag), "moe", "dense"
+    per_expert: bool = False
+
+
+# The table: EMBED, ROPE_FREQ, then each layer's slots in this order, then FINAL_NORM and LM_HEAD (unless TIED).
+GLOBAL_HEAD = ("EMBED", "ROPE_FREQ")
+LAYER_SLOTS: tuple[Slot, ...] = (
+    Slot("attn_norm", ("ATTN_NORM",)),
+    Slot("wq", ("WQ",)),
+    Slot("wk", ("WK",)),
+    Slot("wv", ("WV",)),
+    Slot("wo", ("WO",)),
+    Slot("qkv_bias", ("BQ", "BK", "BV"), ("QKV_BIAS",)),
+    Slot("qk_norm", ("Q_NORM", "K_NORM"), ("QK_NORM",)),
+    Slot("ffn_norm", ("FFN_NORM",)),
+    Slot("mlp", ("MLP_GATE", "MLP_DOWN", "MLP_UP"), ("dense",)),
+    Slot("router", ("ROUTER",), ("moe",)),
+    Slot("experts", ("W_GATE", "W_DOWN", "W_UP"), ("moe",), per_expert=True),
+    Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
+    Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
+)
+GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)))
+MLP_TENSORS = 3  # gate, down, up: the offsets of an MLP's three matrices in every MLP slot
+
+
+def _holds(cond: str, flags: int, dense: bool) -> bool:
+    if cond == "moe":
+        return not dense
+    if cond == "dense":
+        return dense
+    if cond == "QK_NORM":
+        return bool(flags & QK_NORM_FLAGS)
+    if cond == "untied":
+        return not flags & FLAG["TIED"]
+    return bool(flags & FLAG[cond])
+
+
+def layer_slots(flags: int, dense: bool) -> list[Slot]:
+    """The slots one layer has, in table order."""
+    return [s for s in LAYER_SLOTS if all(_holds(c, flags, dense) for c in s.when)]
+
+
+def layer_tensors(flags: int, n_experts: int, dense: bool) -> int:
+    """Table entries of one layer."""
+    return sum(len(s.kinds) * (n_experts if s.per_expert else 1) for s in layer_slots(flags, dense))
+
+
+def n_tensors(flags: int, n_layers: int, n_experts: int, n_dense: int) -> int:
+    """Table entries of a whole model (arithmetic only: safe for any header values)."""
+    tail = sum(all(_holds(c, flags, False) for c in when) for _, when in GLOBAL_TAIL)
+    return (len(GLOBAL_HEAD) + tail + n_dense * layer_tensors(flags, n_experts, True)
+            + (n_layers - n_dense) * layer_tensors(flags, n_experts, False))
+
+
+def tensor_order(flags: int, n_layers: int, n_experts: int, dense_layers: frozenset[int] | tuple[int, ...] = ()
+                 ) -> Iterator[tuple[Kind, int, int]]:
+    """(kind, layer, expert) of every table entry, in table order."""
+    dense = frozenset(dense_layers)
+    for k in GLOBAL_HEAD:
+        yield KIND[k], 0, 0
+    for layer in range(n_layers):
+        for s in layer_slots(flags, layer in dense):
+            for e in range(n_experts) if s.per_expert else (0,):
+                for k in s.kinds:
+                    yield KIND[k], layer, e
+    for k, when in GLOBAL_TAIL:
+        if all(_holds(c, flags, False) for c in when):
+            yield KIND[k], 0, 0
+
+
+def canonical_name(kind: Kind, layer: int, expert: int) -> str:
+    return kind.canonical.format(L=layer, E=expert)
+
+
+_CANON: dict[tuple[str, ...], Kind] = {}
+for _k in KINDS:
+    _CANON[tuple(_k.canonical.split("."))] = _k
+
+
+def kind_of(name: str) -> tuple[Kind, int, int]:
+    """(kind, layer, expert) of a canonical tensor name; KeyError for an unknown one."""
+    parts = name.split(".")
+    layer = expert = 0
+    pattern = list(parts)
+    if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit():
+        layer, pattern[1] = int(parts[1]), "{L}"
+        if parts[2:4] == ["moe", "experts"] and len(parts) > 4 and parts[4].isdigit():
+            expert, pattern[4] = int(parts[4]), "{E}"
+    kind = _CANON.get(tuple(pattern))
+    if kind is None:
+        raise KeyError(f"{name}: not a canonical tensor name")
+    return kind, layer, expert
+
+
+# Forward steps of one layer, numbered for the buffer lifetimes.
+STEPS = ("attn norm", "q/k/v projections", "rotary", "attention", "output projection (accumulated into x)",
+         "(reserved)", "ffn norm", "router", "experts (down projections accumulated into moe)", "moe added to x",
+         "final norm", "lm_head")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    first: int  # first and last step the buffer is live
+    last: int
+    elements: str  # f32 elements, for the documentation (codegen/plan.py computes them)
+    doc: str
+    extra: bool = False  # only with SHARED_EXPERT or DENSE_LAYERS
+
+
+BUFFERS: tuple[Buffer, ...] = (
+    Buffer("key_cache", 0, 11, "n_layers·max_seq·n_kv_heads·head_dim", "key cache"),
+    Buffer("value_cache", 0, 11, "same", "value cache"),
+    Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
+    Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
+    Buffer("q", 1, 3, "B·n_heads·head_dim", "q"),
+    Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
+    Buffer("scores", 3, 3, "max_seq", "scores"),
+    Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
+    Buffer("gate", 8, 8, "B·ffn", "gate"),
+    Buffer("up", 8, 8, "B·ffn", "up"),
+    Buffer("moe", 8, 9, "B·hidden", "moe (weighted expert sum)"),
+    Buffer("xgate", 8, 8, "B·max(shared_ffn, dense_ffn)", "xgate (shared expert / dense MLP gate)", extra=True),
+    Buffer("xup", 8, 8, "B·max(shared_ffn, dense_ffn)", "xup (shared expert / dense MLP up)", extra=True),
+)
+N_BASE_BUFFERS = sum(not b.extra for b in BUFFERS)
+# The int8 activations of the integer matmuls: live through every step; its offset has its own header
+# field (xq_offset), so it is not one of the table's buffers.
+XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)")
+
+
+def blob_minor(flags: int, int8_acts: bool) -> int:
+    if int8_acts:
+        return MINOR_INT8_ACTS
+    return MINOR_FEATURES if flags & ~FLAG["TIED"] else MINOR_BASE
+
+
+def pack_header(values: Mapping[str, object]) -> bytes:
+    """The 256-byte fixed header; fields not given are zero."""
+    out = bytearray(HEADER_BYTES)
+    for name, v in values.items():
+        f = H[name]
+        if f.count > 1 and f.type == "u8":
+            out[f.offset:f.offset + f.count] = bytes(v)  # type: ignore[arg-type]
+        elif f.count > 1:
+            seq = list(v)  # type: ignore[call-overload]
+            struct.pack_into(f.fmt, out, f.offset, *(seq + [0] * (f.count - len(seq))))
+        else:
+            struct.pack_into(f.fmt, out, f.offset, v)
+    return bytes(out)
+
+
+def read_header(buf: bytes | bytearray | memoryview) -> dict:
+    """Every header field by name (arrays as lists, dense_map as bytes); ValueError if buf is short."""
+    if len(buf) < HEADER_BYTES:
+        raise ValueError(f"{len(buf)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    out: dict = {}
+    for f in HEADER:
+        v = struct.unpack_from(f.fmt, buf, f.offset)
+        out[f.name] = bytes(v) if f.type == "u8" and f.count > 1 else list(v) if f.count > 1 else v[0]
+    return out
+
+
+def dense_layers_of(h: Mapping[str, object]) -> list[int]:
+    """The layers a header's dense_map marks (bounded by DENSE_MAP_LAYERS, whatever n_layers says)."""
+    bits = h["dense_map"]
+    assert isinstance(bits, bytes)
+    return [i for i in range(DENSE_MAP_LAYERS) if bits[i // 8] >> (i % 8) & 1]
+
+
+def entry(buf: bytes | bytearray | memoryview, i: int) -> dict:
+    """Table entry i by field name."""
+    return dict(zip(ENTRY_NAMES, ENTRY_STRUCT.unpack_from(buf, HEADER_BYTES + ENTRY_BYTES * i), strict=True))
+
+
+def pack_entry(**values: int) -> bytes:
+    return ENTRY_STRUCT.pack(*(values.get(n, 0) for n in ENTRY_NAMES))
+
+
+def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports nothing of codegen)
+    """Header flags of a ModelSpec: TIED, and the features of the families beyond Mixtral."""
+    on = {"TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
+          "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
+          "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
+          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0}
+    return sum(FLAG[name] for name, v in on.items() if v)
+
+
+def blob_names(spec) -> list[str]:  # noqa: ANN001 (a ModelSpec)
+    """Canonical names of every table entry of a model's blob, in table order."""
+    order = tensor_order(feature_flags(spec), spec.n_layers, spec.n_experts, spec.dense_layers)
+    return [canonical_name(k, layer, e) for k, layer, e in order]
+
+
+def tensor_fields(name: str) -> dict:
+    """What manifest.json says of a tensor besides its name: its kind, the size audit's class for it
+    (`group`), its layer and expert (None for global and non-expert tensors)."""
+    kind, layer, expert = kind_of(name)
+    return {"kind": kind.name, "group": kind.group, "layer": layer if "{L}" in kind.canonical else None,
+            "expert": expert if "{E}" in kind.canonical else None}

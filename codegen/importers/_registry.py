@@ -1,0 +1,32 @@
+"""The family registry: each importer module registers itself here when imported; the CLI, synth and the
+spec read the families from it (codegen/importers/__init__.py imports every family module, in order)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Importer:
+    family: str  # ModelSpec.arch and `colibri synth --arch`
+    architectures: tuple[str, ...]  # config.json "architectures"; the first is what synth writes
+    model_types: tuple[str, ...]
+    parse_config: Callable[[Mapping[str, Any], Path], ModelSpec]
+    tensor_map: Callable[[ModelSpec], dict[str, str]]
+    is_ignored: Callable[[ModelSpec, str], bool]
+    source_name: Callable[[str], str]  # canonical tensor name -> the family's HF name
+
+
+REGISTRY: dict[str, Importer] = {}
+
+
+def register(importer: Importer) -> Importer:
+    if importer.family in REGISTRY:
+        raise RuntimeError(f"family {importer.family!r} registered twice")
+    REGISTRY[importer.family] = importer
+    return importer

@@ -1,0 +1,505 @@
+/*
+ * forward.c - the forward pass: Mixtral, and the features of Qwen2-MoE,
+ * Qwen3-MoE, OLMoE and DeepSeek-MoE that the header's flags switch on.
+ *
+ * The blob was checked by blob.c before the context existed, so nothing here
+ * checks it again. The activations live in the arena buffers the blob's plan
+ * places (cb_format.h's CB_BUF_*); each is touched only within the steps of its
+ * lifetime (FORMAT.md "Arena"), so buffers never live together may share
+ * memory. Reading order: tensors and matrix products, the small operations,
+ * then one layer's steps in order (cb_layer), a block of tokens through all
+ * layers (cb_block), and the API.
+ */
+#include <float.h>
+
+#include "cb_runtime.h"
+
+#include "cbmath.h"
+
+/* ------------------------------------------------- tensors and products */
+
+/* An entry of the validated blob as kernel arguments. */
+static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
+{
+    const uint8_t *e = cb_entry(c->blob, i);
+    uint64_t scale_off = cb_rd64(e + CB_E_SCALE_OFF), oidx_off = cb_rd64(e + CB_E_OIDX_OFF);
+    uint64_t oval_off = cb_rd64(e + CB_E_OVAL_OFF);
+    cb_tensor t = {
+        .data = c->blob + cb_rd64(e + CB_E_DATA_OFF),
+        .scales = scale_off ? c->blob + scale_off : NULL,
+        .ogap = oidx_off ? (const uint16_t *)(const void *)(c->blob + oidx_off) : NULL,
+        .oval = oval_off ? (const uint16_t *)(const void *)(c->blob + oval_off) : NULL,
+        .rows = cb_rd32(e + CB_E_ROWS),
+        .cols = cb_rd32(e + CB_E_COLS),
+        .row_stride = cb_rd32(e + CB_E_ROW_STRIDE),
+        .group_size = cb_rd32(e + CB_E_GROUP_SIZE),
+        .n_outliers = cb_rd32(e + CB_E_N_OUTLIERS),
+        .dtype = e[CB_E_DTYPE],
+        .scale_dtype = e[CB_E_SCALE_DTYPE],
+    };
+    t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
+    t.q8 = (uint8_t)cb_is_q8(&c->m, t.dtype, t.cols, t.group_size);
+    t.tiled = (uint8_t)(t.q8 && c->m.layout == CB_LAYOUT_TILED16);
+    return t;
+}
+
+static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n tensor */
+{
+    return (const float *)(const void *)(c->blob + cb_rd64(cb_entry(c->blob, i) + CB_E_DATA_OFF));
+}
+
+/* The n rows x[j] of width cols quantized into the xq buffer (FORMAT.md "Integer matmuls"), for every
+ * q8 matrix that takes them; NULL when no matrix can (float activations, or cols not whole blocks).
+ * The xq buffer holds one quantized row per token of a block: the rows stay valid until the next call. */
+static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, size_t n, size_t cols, cb_xq *xq)
+{
+    if (!c->m.xq_off || cols % CB_Q8_BLOCK != 0)
+        return NULL;
+    size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = cols / CB_Q8_BLOCK;
+    size_t q_bytes = (size_t)cb_align64(blocks * CB_Q8_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
+    for (size_t j = 0; j < n; j++) {
+        /* the context is at arena offset 0, the xq buffer at xq_off: block rows of row bytes */
+        int8_t *q = (int8_t *)(uintptr_t)c + c->m.xq_off + j * row;
+        float *d = (float *)(void *)(q + q_bytes);
+        int32_t *s = (int32_t *)(void *)(q + q_bytes + d_bytes);
+        cb_quantize_q8(x[j], cols, q, d, s);
+        xq[j].q = q;
+        xq[j].d = d;
+        xq[j].s = s;
+    }
+    return xq;
+}
+
+#ifndef COLIBRI_NO_PARALLEL
+/* One matmul as tasks of the caller's parallel_for: task i takes rows [i*rows/n, (i+1)*rows/n),
+ * rounded to whole 4-row blocks. cb_matmul computes every row the same way whatever its range,
+ * so the result does not depend on the split. */
+typedef struct cb_mm_job {
+    const cb_tensor *t;
+    size_t n, n_tasks;
+    const cb_xq *xq; /* q8 tensors: the tokens' int8 activations */
+    int scalar;      /* float matrices of a blob with integer matmuls: the scalar kernel (see cb_mm) */
+    const float *const *x;
+    float *const *y;
+    const float *alpha;
+    int accumulate;
+} cb_mm_job;
+
+static size_t cb_mm_row(const cb_mm_job *j, size_t i)
+{
+    size_t rows = j->t->rows, unit = j->t->q8 ? CB_TILE16_ROWS : 4;
+    return i >= j->n_tasks ? rows : (size_t)((uint64_t)rows * i / j->n_tasks) / unit * unit;
+}
+
+static void cb_mm_task(void *job, size_t i)
+{
+    const cb_mm_job *j = (const cb_mm_job *)job;
+    size_t r0 = cb_mm_row(j, i), r1 = cb_mm_row(j, i + 1);
+    if (r0 < r1 && j->xq)
+        cb_matmul_q8(j->t, r0, r1, j->n, j->xq, j->x, j->y, j->alpha, j->accumulate);
+    else if (r0 < r1 && j->scalar)
+        cb_matmul_scalar(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
+    else if (r0 < r1)
+        cb_matmul(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
+}
+
+#define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
+#endif
+
+/* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i;
+ * xq: the x[j] quantized by cb_quantize, which a q8 W multiplies instead (a q8 W always has them). */
+static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *x, const cb_xq *xq,
+                  float *const *y, const float *alpha, int accumulate)
+{
+    cb_tensor t = cb_tensor_at(c, i);
+    if (!t.q8)
+        xq = NULL;
+#ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
+    size_t unit = t.q8 ? CB_TILE16_ROWS : 4, tasks = c->parallel_tasks < t.rows / unit ? c->parallel_tasks : t.rows / unit;
+    if (c->parallel_for && tasks > 1 && (uint64_t)t.rows * t.cols * n >= CB_PARALLEL_MIN_MACS) {
+        cb_mm_job job = {&t, n, tasks, xq, CB_INT8_ACTS(c), x, y, alpha, accumulate};
+        c->parallel_for(cb_mm_task, &job, tasks, c->parallel_user);
+        return;
+    }
+#endif
+    if (xq)
+        cb_matmul_q8(&t, 0, t.rows, n, xq, x, y, alpha, accumulate);
+    else if (CB_INT8_ACTS(c)) /* the router: scalar, so a q8 blob's forward pass is the same bits everywhere */
+        cb_matmul_scalar(&t, 0, t.rows, n, x, y, alpha, accumulate);
+    else
+        cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
+}
+
+#define CB_ONE4 1.0f, 1.0f, 1.0f, 1.0f
+#define CB_ONE32 CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4
+#if CB_MAX_BLOCK == 32u
+static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE32};
+#else
+static const float cb_ones[CB_MAX_BLOCK] = {CB_ONE32, CB_ONE32, CB_ONE32, CB_ONE32};
+#endif
+_Static_assert(sizeof cb_ones / sizeof *cb_ones == CB_MAX_BLOCK, "one weight per token of a block");
+
+/* The row pointers of a block's tokens in a buffer of rows of width w */
+static void cb_rows(float *buf, size_t w, size_t n, float **out)
+{
+    for (size_t j = 0; j < n; j++)
+        out[j] = buf + j * w;
+}
+
+/* --------------------------------------------------------- small steps */
+
+static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float ss = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    float inv = 1.0f / cb_sqrtf(ss / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * w[i];
+}
+
+/* HF rotate_half: dimension i pairs with i + head_dim/2, not with its neighbour.
+ * One angle per frequency serves every query and key head. */
+static void cb_rotary(float *q, size_t n_q, float *k, size_t n_k, size_t hd, const float *inv_freq, size_t pos)
+{
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float angle = inv_freq[i] * (float)pos;
+        float cs = cb_cosf(angle), sn = cb_sinf(angle);
+        for (size_t h = 0; h < n_q + n_k; h++) {
+            float *v = h < n_q ? q + h * hd : k + (h - n_q) * hd;
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs - b * sn;
+            v[i + half] = b * cs + a * sn;
+        }
+    }
+}
+
+/* Steps 1 (the biases and q/k norms after the projections) and 2 (rotary at pos) for one token;
+ * base is the layer's first table index. */
+static void cb_qk(const colibri_ctx *c, size_t base, const cb_slots *s, float *q, float *k, float *v, size_t pos)
+{
+    const size_t hd = CB_HEAD_DIM(c), qdim = CB_N_HEADS(c) * hd, kvdim = CB_N_KV_HEADS(c) * hd;
+    const float eps = c->m.rms_eps;
+    const uint32_t flags = CB_FLAGS(c);
+    if (flags & CB_FLAG_QKV_BIAS) { /* Qwen2-MoE: + biases */
+        const float *bq = cb_vector(c, base + s->qkv_bias + CB_OFF_BQ);
+        const float *bk = cb_vector(c, base + s->qkv_bias + CB_OFF_BK);
+        const float *bv = cb_vector(c, base + s->qkv_bias + CB_OFF_BV);
+        for (size_t i = 0; i < qdim; i++)
+            q[i] += bq[i];
+        for (size_t i = 0; i < kvdim; i++) {
+            k[i] += bk[i];
+            v[i] += bv[i];
+        }
+    }
+    if (flags & CB_FLAG_QK_NORM_FULL) { /* OLMoE: RMSNorm of the whole q and k */
+        cb_rmsnorm(q, q, cb_vector(c, base + s->qk_norm + CB_OFF_Q_NORM), qdim, eps);
+        cb_rmsnorm(k, k, cb_vector(c, base + s->qk_norm + CB_OFF_K_NORM), kvdim, eps);
+    } else if (flags & CB_FLAG_QK_NORM_HEAD) { /* Qwen3-MoE: RMSNorm of each head */
+        for (size_t h = 0; h < CB_N_HEADS(c); h++)
+            cb_rmsnorm(q + h * hd, q + h * hd, cb_vector(c, base + s->qk_norm + CB_OFF_Q_NORM), hd, eps);
+        for (size_t h = 0; h < CB_N_KV_HEADS(c); h++)
+            cb_rmsnorm(k + h * hd, k + h * hd, cb_vector(c, base + s->qk_norm + CB_OFF_K_NORM), hd, eps);
+    }
+    cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, CB_T_ROPE_FREQ), pos);
+}
+
+/* Step 3: causal attention of position pos (query q) over the cached keys/values 0..pos, into att */
+static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_all, float *att_all)
+{
+    const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
+    const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
+    const float *keys = c->buf[CB_BUF_KEY_CACHE] + l * CB_MAX_SEQ(c) * kvdim;
+    const float *values = c->buf[CB_BUF_VALUE_CACHE] + l * CB_MAX_SEQ(c) * kvdim;
+    const float scale = 1.0f / cb_sqrtf((float)hd);
+    float *scores = c->buf[CB_BUF_SCORES];
+    for (size_t h = 0; h < n_heads; h++) {
+        const float *q = q_all + h * hd;
+        float *att = att_all + h * hd;
+        size_t kv = (h / group) * hd;
+        cb_scores(scores, q, keys + kv, kvdim, pos + 1, hd, scale);
+        cb_softmax(scores, pos + 1);
+        cb_weighted_rows(att, scores, values + kv, kvdim, pos + 1, hd);
+    }
+}
+
+/* out[j] += alpha[j] * down(silu(gate xb[j]) * up xb[j]) for n tokens: the MLP whose gate is at table
+ * index i (CB_MLP_GATE, CB_MLP_DOWN, CB_MLP_UP from there), of width w, its gate and up rows in the
+ * buffers gate and up. */
+static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                   size_t w, float *const *out, const float *alpha)
+{
+    float *g[CB_MAX_BLOCK] = {NULL}, *u[CB_MAX_BLOCK] = {NULL};
+    cb_xq xq[CB_MAX_BLOCK];
+    cb_rows(gate, w, n, g);
+    cb_rows(up, w, n, u);
+    const cb_xq *xbq = cb_quantize(c, xb, n, CB_HIDDEN(c), xq);
+    cb_mm(c, i + CB_MLP_GATE, n, xb, xbq, g, cb_ones, 0);
+    cb_mm(c, i + CB_MLP_UP, n, xb, xbq, u, cb_ones, 0);
+    cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
+    const float *const *h = (const float *const *)g;
+    cb_mm(c, i + CB_MLP_DOWN, n, h, cb_quantize(c, h, n, w, xq), out, alpha, 1);
+}
+
+static int cb_chosen(const size_t *chosen, size_t n, size_t e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (chosen[i] == e)
+            return 1;
+    return 0;
+}
+
+/* The routing of one token: its router logits in, and out the same row holding each chosen
+ * expert's weight and CB_NOT_CHOSEN for every other expert (never a weight: probabilities are
+ * >= 0 or NaN, routed_scale > 0). */
+#define CB_NOT_CHOSEN (-FLT_MAX)
+static void cb_route(const colibri_ctx *c, float *probs)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c);
+    const uint32_t flags = CB_FLAGS(c);
+    size_t chosen[CB_MAX_TOP_K];
+    float weight[CB_MAX_TOP_K], sum = 0.0f;
+    cb_softmax(probs, n_exp);
+    /* top_k by probability, ties to the lower index; NaNs still yield k distinct experts */
+    for (size_t k = 0; k < top_k; k++) {
+        size_t best = n_exp;
+        for (size_t e = 0; e < n_exp; e++)
+            if (!cb_chosen(chosen, k, e) && (best == n_exp || probs[e] > probs[best]))
+                best = e;
+        chosen[k] = best;
+        weight[k] = probs[best];
+        sum += weight[k]; /* summed in rank order, as torch sums the topk output */
+    }
+    for (size_t e = 0; e < n_exp; e++)
+        probs[e] = CB_NOT_CHOSEN;
+    for (size_t k = 0; k < top_k; k++) {
+        float w = flags & CB_FLAG_TOPK_NO_NORM ? weight[k] : weight[k] / sum; /* HF norm_topk_prob */
+        if (flags & CB_FLAG_ROUTED_SCALE)
+            w *= c->m.routed_scale;
+        probs[chosen[k]] = w;
+    }
+}
+
+/* Steps 7 and 8 of an MoE layer for the n tokens of a block: route each xb row to top_k experts and
+ * accumulate their weighted sum (and the shared expert's output) into its moe row. The tokens are
+ * grouped by expert, so each expert's weights are read once per block; each token still sees its
+ * experts in increasing index order, the order HF accumulates them in, so a token's result does not
+ * depend on the others in its block. */
+static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, float *const *xb_rows,
+                   float *const *moe_rows)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), dim = CB_HIDDEN(c), ffn = CB_FFN(c);
+    const uint32_t flags = CB_FLAGS(c);
+    float *p_rows[CB_MAX_BLOCK] = {0};
+    const float *xs[CB_MAX_BLOCK] = {0};
+    float *ys[CB_MAX_BLOCK] = {0};
+    float alpha[CB_MAX_BLOCK] = {0};
+    const float *const *xb = (const float *const *)xb_rows;
+    cb_rows(c->buf[CB_BUF_ROUTER], n_exp, n, p_rows);
+    cb_mm(c, base + s->router, n, xb, NULL, p_rows, cb_ones, 0); /* 7: router logits, then weights */
+    for (size_t j = 0; j < n; j++)
+        cb_route(c, p_rows[j]);
+
+    for (size_t e = 0; e < n_exp; e++) { /* 8: the routed experts */
+        size_t m = 0;
+        for (size_t j = 0; j < n; j++)
+            if (p_rows[j][e] != CB_NOT_CHOSEN) { /* NaN weights are chosen too, as in the one-token order */
+                xs[m] = xb_rows[j];
+                ys[m] = moe_rows[j];
+                alpha[m++] = p_rows[j][e];
+            }
+        if (m)
+            cb_mlp(c, base + s->experts + CB_MLP_TENSORS * e, m, xs, c->buf[CB_BUF_GATE], c->buf[CB_BUF_UP], ffn,
+                   ys, alpha);
+    }
+    for (size_t j = 0; j < n; j++)
+        alpha[j] = 1.0f;
+    if (flags & CB_FLAG_SHARED_GATE) /* Qwen2-MoE: sigmoid(shared_gate . xb) scales the shared expert */
+        for (size_t j = 0; j < n; j++)
+            alpha[j] = 1.0f / (1.0f + cb_expf(-cb_dot(cb_vector(c, base + s->shared_gate), xb_rows[j], dim)));
+    if (flags & CB_FLAG_SHARED_EXPERT) /* added after the routed experts, as HF adds it to their sum */
+        cb_mlp(c, base + s->shared, n, xb, c->buf[CB_BUF_XGATE], c->buf[CB_BUF_XUP], CB_SHARED_FFN(c), moe_rows,
+               alpha);
+}
+
+/* ------------------------------------------------------------ one layer */
+
+/* The rows of a block's tokens in the buffers a layer reads and writes. */
+typedef struct cb_block_rows {
+    float *x[CB_MAX_BLOCK];   /* residual stream */
+    float *xb[CB_MAX_BLOCK];  /* normed input of attention, then of the MLP or experts */
+    float *q[CB_MAX_BLOCK];   /* queries */
+    float *att[CB_MAX_BLOCK]; /* attention output */
+    float *k[CB_MAX_BLOCK];   /* this layer's key cache rows of the block's positions */
+    float *v[CB_MAX_BLOCK];   /* and its value cache rows */
+    float *moe[CB_MAX_BLOCK]; /* the MLP's or the experts' output */
+} cb_block_rows;
+
+/* Layer l (its first table index base) for the n tokens at positions pos.., each step taken by all
+ * n tokens before the next: x += attention(norm(x)), then x += mlp-or-experts(norm(x)). */
+static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos, cb_block_rows *r)
+{
+    const size_t dim = CB_HIDDEN(c), kvdim = CB_N_KV_HEADS(c) * CB_HEAD_DIM(c);
+    const float eps = c->m.rms_eps;
+    const int dense = cb_dense_bit(c->blob, CB_FLAGS(c), l);
+    const cb_slots s = cb_layer_slots(CB_FLAGS(c), (uint32_t)CB_N_EXPERTS(c), dense);
+    const float *const *xb = (const float *const *)r->xb;
+    cb_xq xq[CB_MAX_BLOCK];
+    cb_rows(c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->k);
+    cb_rows(c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->v);
+
+    for (size_t j = 0; j < n; j++) /* 0: attention norm */
+        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.attn_norm), dim, eps);
+    const cb_xq *xbq = cb_quantize(c, xb, n, dim, xq); /* 1: q, k, v (k, v straight into the cache) */
+    cb_mm(c, base + s.wq, n, xb, xbq, r->q, cb_ones, 0);
+    cb_mm(c, base + s.wk, n, xb, xbq, r->k, cb_ones, 0);
+    cb_mm(c, base + s.wv, n, xb, xbq, r->v, cb_ones, 0);
+    for (size_t j = 0; j < n; j++) {
+        cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
+        cb_attention(c, l, pos + j, r->q[j], r->att[j]);       /* 3 */
+    }
+    const float *const *att = (const float *const *)r->att; /* 4: x += Wo att */
+    cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
+
+    for (size_t j = 0; j < n; j++) /* 6: ffn norm */
+        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.ffn_norm), dim, eps);
+    float *moe = c->buf[CB_BUF_MOE];
+    memset(moe, 0, n * dim * sizeof *moe);
+    if (dense) /* 8: the dense MLP */
+        cb_mlp(c, base + s.mlp, n, xb, c->buf[CB_BUF_XGATE], c->buf[CB_BUF_XUP], CB_DENSE_FFN(c), r->moe, cb_ones);
+    else /* 7, 8: router, experts, shared expert */
+        cb_moe(c, base, &s, n, r->xb, r->moe);
+    float *x = c->buf[CB_BUF_X]; /* 9: x += moe */
+    for (size_t i = 0; i < n * dim; i++)
+        x[i] += moe[i];
+}
+
+static size_t cb_layer_tensors(const colibri_ctx *c, size_t l) /* table entries of layer l */
+{
+    return cb_layer_slots(CB_FLAGS(c), (uint32_t)CB_N_EXPERTS(c), cb_dense_bit(c->blob, CB_FLAGS(c), l)).n_tensors;
+}
+
+/* A block of n <= block tokens at positions pos.. through every layer, leaving the residuals in the
+ * rows of x. Every token goes through the same operations in the same order as it would alone: a
+ * prefill equals single steps. */
+static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos)
+{
+    const size_t dim = CB_HIDDEN(c), qdim = CB_N_HEADS(c) * CB_HEAD_DIM(c);
+    cb_block_rows r;
+    memset(&r, 0, sizeof r);
+    cb_rows(c->buf[CB_BUF_X], dim, n, r.x);
+    cb_rows(c->buf[CB_BUF_XB], dim, n, r.xb);
+    cb_rows(c->buf[CB_BUF_Q], qdim, n, r.q);
+    cb_rows(c->buf[CB_BUF_ATT], qdim, n, r.att);
+    cb_rows(c->buf[CB_BUF_MOE], dim, n, r.moe);
+    cb_tensor embed = cb_tensor_at(c, CB_T_EMBED);
+    for (size_t j = 0; j < n; j++)
+        cb_dequant_row(&embed, (size_t)tokens[j], r.x[j]);
+    size_t base = CB_FIRST_LAYER;
+    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++)
+        cb_layer(c, l, base, n, pos, &r);
+}
+
+/* Steps 10 (final norm) and 11 (lm_head, or the embedding when tied) for row j of the last block. */
+static void cb_logits(colibri_ctx *c, size_t j, float *logits)
+{
+    const size_t dim = CB_HIDDEN(c);
+    size_t final_norm = CB_FIRST_LAYER;
+    for (size_t l = 0; l < CB_N_LAYERS(c); l++)
+        final_norm += cb_layer_tensors(c, l);
+    float *xb = c->buf[CB_BUF_XB] + j * dim;
+    cb_rmsnorm(xb, c->buf[CB_BUF_X] + j * dim, cb_vector(c, final_norm), dim, c->m.rms_eps);
+    const float *x = xb, one = 1.0f;
+    cb_xq xq[1];
+    cb_mm(c, CB_TIED(c) ? CB_T_EMBED : final_norm + 1, 1, &x, cb_quantize(c, &x, 1, dim, xq), &logits, &one, 0);
+}
+
+/* ------------------------------------------------------------------- API */
+
+static int cb_ready(const colibri_ctx *c)
+{
+    return c->magic == CB_CTX_MAGIC && c->self == c;
+}
+
+colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *tokens, size_t n_tokens, float *logits,
+                               size_t logits_len)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    if (!tokens)
+        return COLIBRI_E_NULL;
+    if (n_tokens == 0)
+        return COLIBRI_E_ARG;
+    /* every check before the first write, so an error changes nothing; the length
+     * ones first, so a wrong n_tokens is caught before tokens[] is read past max_seq */
+    if (n_tokens > CB_MAX_SEQ(ctx) - ctx->n_past)
+        return COLIBRI_E_SEQ_FULL;
+    if (logits && logits_len < CB_VOCAB(ctx))
+        return COLIBRI_E_ARG;
+    for (size_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || (size_t)tokens[i] >= CB_VOCAB(ctx))
+            return COLIBRI_E_TOKEN;
+
+    size_t n = 0; /* tokens in the last block */
+    for (size_t i = 0; i < n_tokens; i += n, ctx->n_past += (uint32_t)n) {
+        n = n_tokens - i < ctx->m.block ? n_tokens - i : ctx->m.block;
+        cb_block(ctx, tokens + i, n, ctx->n_past);
+    }
+    if (logits)
+        cb_logits(ctx, n - 1, logits);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_set_parallel(colibri_ctx *ctx, colibri_parallel_for_fn parallel_for, void *user,
+                                    size_t n_tasks)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+#ifdef COLIBRI_NO_PARALLEL
+    if (parallel_for && n_tasks > 1)
+        return COLIBRI_E_ARG;
+#endif
+    ctx->parallel_for = n_tasks > 1 ? parallel_for : NULL;
+    ctx->parallel_user = user;
+    ctx->parallel_tasks = n_tasks;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_reset(colibri_ctx *ctx)
+{
+    if (!ctx)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    ctx->n_past = 0; /* stale cache rows past n_past are never read */
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_info(const colibri_ctx *ctx, colibri_model_info *info)
+{
+    if (!ctx || !info)
+        return COLIBRI_E_NULL;
+    if (!cb_ready(ctx))
+        return COLIBRI_E_NOT_INIT;
+    if (info->struct_size < sizeof *info)
+        return COLIBRI_E_ARG; /* no caller predates the first version; a larger struct keeps its tail */
+    uint32_t size = info->struct_size;
+    memset(info, 0, sizeof *info);
+    info->struct_size = size;
+    info->abi_version = COLIBRI_ABI_VERSION;
+    info->vocab = ctx->m.vocab;
+    info->hidden = ctx->m.hidden;
+    info->n_layers = ctx->m.n_layers;
+    info->n_experts = ctx->m.n_experts;
+    info->top_k = ctx->m.top_k;
+    info->max_seq = ctx->m.max_seq;
+    info->n_past = ctx->n_past;
+    info->arena_bytes = ctx->arena_bytes;
+    info->blob_bytes = ctx->blob_bytes;
+    return COLIBRI_OK;
+}
