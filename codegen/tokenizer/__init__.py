@@ -3,4 +3,6 @@
 from .load import Tokenizer, load_tokenizer
 from .pack import pack
 
-__all__ = ["Tokenizer", "load_tokenizer", "pack"]
+TOKENIZER_FILE = "tokenizer.bin"  # the tokenizer section, beside model.bin
+
+__all__ = ["TOKENIZER_FILE", "Tokenizer", "load_tokenizer", "pack"]

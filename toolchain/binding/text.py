@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -75,3 +77,33 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", "replace")
+
+
+def library_for(model: Path, runtime: str | os.PathLike | None = None) -> ctypes.CDLL:
+    """The C library that runs a model's tokenizer: the model .so itself, or the generic libcolibri.so
+    that runs a model.bin (beside it, `runtime`, or $COLIBRI_RUNTIME)."""
+    if model.suffix == ".so" or ".so." in model.name:
+        lib_path = model
+    else:
+        candidates = [runtime, model.parent / "libcolibri.so", os.environ.get("COLIBRI_RUNTIME")]
+        found = next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"{model}: no generic runtime libcolibri.so beside it; set COLIBRI_RUNTIME")
+        lib_path = found
+    lib = ctypes.CDLL(str(lib_path.absolute()), mode=ctypes.RTLD_LOCAL)
+    if not hasattr(lib, "colibri_tok_init"):
+        raise ValueError(f"{lib_path}: built without the text runtime (no colibri_tok_init)")
+    return lib
+
+
+def for_model(model: str | os.PathLike, lib: ctypes.CDLL | None = None) -> Tokenizer:
+    """The tokenizer exported with a model: tokenizer.bin beside its model.bin or model library."""
+    from colibri.codegen.safeio import read_bytes
+    from colibri.codegen.tokenizer import TOKENIZER_FILE
+
+    model = Path(model)
+    section = model.parent / TOKENIZER_FILE
+    if not section.exists():
+        raise FileNotFoundError(f"{model}: the model has no tokenizer ({section} missing: exported with "
+                                "--no-tokenizer or from a checkpoint without tokenizer.json)")
+    return Tokenizer.from_bytes(lib or library_for(model), read_bytes(section, TOKENIZER_FILE, "tokenizer"))
