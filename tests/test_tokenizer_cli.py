@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, synth
-from tokvocab import build_lib
+from tokvocab import build_lib, train_bytelevel
 
 VOCAB = 320
 TEXTS = ["Hello, world", "123+456=", "héllo wörld 👋", "  spaces\tand\nlines  ", "<|endoftext|>end"]
@@ -20,18 +20,9 @@ TEXTS = ["Hello, world", "123+456=", "héllo wörld 👋", "  spaces\tand\nlines
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     d = synth(tmp_path_factory.mktemp("tokckpt") / "tokmodel", layers=1, hidden=16, ffn=24, heads=2, kv_heads=1,
               experts=2, top_k=1, vocab=VOCAB, seed=5)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(["Hello world, hello there. 123+456=579; spaces and lines"] * 50, trainer)
-    tok.save(str(d / "tokenizer.json"))
-    return d
+    return train_bytelevel(d, VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,20 @@ def variant(src: Path, dest: Path, edit) -> Path:
     return dest
 
 
+def train_bytelevel(path: Path, vocab: int = 320) -> Path:
+    """A small byte-level BPE tokenizer.json trained by HF tokenizers (GPT-2 pre-tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["Hello world, hello there. 123+456=579; spaces and lines"] * 50, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
 def build_lib(dest: Path, *cflags: str) -> ctypes.CDLL:
     """runtime_c/src/text/tok.c as a shared library, with the build's warning flags."""
     so = dest / "libcolibri_text.so"
