@@ -63,9 +63,21 @@ def textlib(tmp_path_factory):
     return build_lib(tmp_path_factory.mktemp("textlib"))
 
 
+class _Sections(dict):
+    """name -> its packed section, packed when first asked for"""
+
+    def __init__(self, dirs):
+        super().__init__()
+        self.dirs = dirs
+
+    def __missing__(self, name):
+        self[name] = pack(load_tokenizer(self.dirs[name]))
+        return self[name]
+
+
 @pytest.fixture(scope="session")
 def sections(hf_dirs):
-    return {name: pack(load_tokenizer(d)) for name, d in hf_dirs.items()}
+    return _Sections(hf_dirs)
 
 
 def _hf(d):

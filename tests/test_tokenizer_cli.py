@@ -85,3 +85,24 @@ def test_no_tokenizer_and_refusal(ckpt, tmp_path, runtime_env):
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "unsupported tokenizer component: normalizer Lowercase" in res.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_binding_through_the_built_runtime(ckpt, exported, build_model):
+    """Model.tokenize/detokenize by the SCons-built generic libcolibri.so (the text runtime linked in)"""
+    from tokenizers import Tokenizer
+
+    from colibri.runtime import load
+    from colibri.runtime.text import TokenizerError
+
+    out = build_model(ckpt, "int8c", "host")
+    m = load(exported / "model.bin", runtime=out / "libcolibri.so")
+    hf = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    for text in TEXTS:
+        ids = m.tokenize(text)
+        assert ids == hf.encode(text, add_special_tokens=False).ids
+        assert m.detokenize(ids) == hf.decode(ids, skip_special_tokens=False)
+    long = "Hello world " * m.max_seq
+    with pytest.raises(TokenizerError) as e:  # more ids than max_seq: an error, never a silent cut
+        m.tokenize(long)
+    assert e.value.status == -104
+    assert len(m.tokenize("Hello world " * (m.max_seq // 4))) <= m.max_seq

@@ -17,6 +17,12 @@
 extern "C" {
 #endif
 
+#if defined(COLIBRI_BUILDING) && defined(__GNUC__)
+#define COLIBRI_TOK_API __attribute__((visibility("default")))
+#else
+#define COLIBRI_TOK_API
+#endif
+
 #ifndef COLIBRI_TOK_SCRATCH_BYTES
 #define COLIBRI_TOK_SCRATCH_BYTES 16384u /* one pre-token of up to 2048 symbols */
 #endif
@@ -47,16 +53,16 @@ typedef struct colibri_tok {
 } colibri_tok;
 
 /* Validate a tokenizer section (4-byte aligned) and fill *t. */
-int colibri_tok_init(colibri_tok *t, const void *section, size_t len);
+COLIBRI_TOK_API int colibri_tok_init(colibri_tok *t, const void *section, size_t len);
 /* UTF-8 text -> ids[0..*n_ids). scratch: 4-byte aligned, COLIBRI_TOK_SCRATCH_BYTES or more. */
-int colibri_tok_encode(const colibri_tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
+COLIBRI_TOK_API int colibri_tok_encode(const colibri_tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                        size_t cap, size_t *n_ids, void *scratch, size_t scratch_bytes);
 /* One id -> its bytes (possibly part of a UTF-8 character: stream them as they come). */
-int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *buf, size_t cap, size_t *n_bytes);
-int32_t colibri_tok_bos(const colibri_tok *t); /* -1 when none */
-int32_t colibri_tok_eos(const colibri_tok *t);
-uint32_t colibri_tok_vocab(const colibri_tok *t);
-const char *colibri_tok_strerror(int status);
+COLIBRI_TOK_API int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *buf, size_t cap, size_t *n_bytes);
+COLIBRI_TOK_API int32_t colibri_tok_bos(const colibri_tok *t); /* -1 when none */
+COLIBRI_TOK_API int32_t colibri_tok_eos(const colibri_tok *t);
+COLIBRI_TOK_API uint32_t colibri_tok_vocab(const colibri_tok *t);
+COLIBRI_TOK_API const char *colibri_tok_strerror(int status);
 
 #ifdef __cplusplus
 }
