@@ -28,6 +28,7 @@ from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
 from .stream import pool_workers, quantize_all
+from .tokenizer import TOKENIZER_FILE, load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
 MAX_SEQ_LIMIT = 1 << 20  # KV cache positions: more is no embedded model
@@ -62,6 +63,7 @@ class ExportOptions:
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
     max_prefill_block: int = MAX_PREFILL_BLOCK  # the largest block the target's runtime takes (its TOML's)
+    tokenizer: bool = True  # compile tokenizer.json in (when the checkpoint has one); False: ids only
 
 
 @dataclass
@@ -125,6 +127,17 @@ def _short(v: Any) -> str:
     """A value for an error line: its repr, cut short (a prompt may hold a million digits)."""
     text = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def tokenizer_section(ckpt_dir: Path, vocab: int) -> bytes | None:
+    """The checkpoint's tokenizer.json as a tokenizer section, or None when it has none."""
+    if not (ckpt_dir / "tokenizer.json").exists():
+        return None
+    tok = load_tokenizer(ckpt_dir)
+    if len(tok.pieces) > vocab:
+        raise ExportError(ckpt_dir / "tokenizer.json", f"{len(tok.pieces)} tokens, more than the model's vocabulary "
+                          f"of {vocab}")
+    return pack(tok)
 
 
 def _chat(ckpt_dir: Path) -> dict | None:
@@ -265,7 +278,11 @@ def export(
     rows: list[dict] = []
     sq_err = sq_norm = 0.0
     progress = tensor_progress(report, terminal, len(names), src_bytes)
+    tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
     with staged_dir(Path(out_dir), protect=(ckpt.path,)) as tmp:
+        if tok_section is not None:
+            with unnamed_file(tmp / TOKENIZER_FILE) as f:
+                f.write(tok_section)
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
             derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
@@ -313,6 +330,7 @@ def export(
             "predicted_logit_error": prediction,
             "predict_requested": opts.predict,
             "pruning": pruning,
+            "tokenizer": None if tok_section is None else {"file": TOKENIZER_FILE, "bytes": len(tok_section)},
             "default_prompt": prompt,
             "default_generate": generate,
             "chat": chat,

@@ -43,7 +43,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
         prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
-        max_prefill_block=layout_max_prefill_block(a.layout),
+        max_prefill_block=layout_max_prefill_block(a.layout), tokenizer=not a.no_tokenizer,
     )
     try:
         res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
@@ -51,7 +51,38 @@ def cmd_export(a: argparse.Namespace) -> int:
         if a.debug:
             raise
         return _fail(f"{a.out}: cannot write the export: {_os_error(e)}")
-    print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin manifest.json")
+    tok = " tokenizer.bin" if res.manifest.get("tokenizer") else ""
+    print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin{tok} manifest.json")
+    return 0
+
+
+def cmd_tokenize(a: argparse.Namespace) -> int:
+    from colibri.runtime.text import TokenizerError, for_model
+
+    try:
+        ids = for_model(a.model).encode(a.text, special=a.special, parse_special=not a.no_parse_special)
+    except (TokenizerError, ValueError) as e:
+        if a.debug:
+            raise
+        return _fail(f"{a.model}: {e}")
+    print(",".join(map(str, ids)))
+    return 0
+
+
+def cmd_detokenize(a: argparse.Namespace) -> int:
+    from colibri.runtime.text import TokenizerError, for_model
+
+    try:
+        ids = [int(x) for x in a.ids.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        return _fail(f"{printable(a.ids)}: token ids are integers separated by commas")
+    try:
+        text = for_model(a.model).decode(ids)
+    except (TokenizerError, ValueError) as e:
+        if a.debug:
+            raise
+        return _fail(f"{a.model}: {e}")
+    print(text)
     return 0
 
 
@@ -178,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--generate", type=int, default=0,
                    help="tokens the built-in demo generates (default: the checkpoint's colibri.json, else 16)")
     e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
+    e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
     e.add_argument("--prune-experts", metavar="CALIB", default=None,
                    help="drop experts the calibration set (token ids, a sequence per line) never routes to")
     e.set_defaults(fn=cmd_export)
@@ -201,6 +233,17 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("path", help="checkpoint directory or model.bin")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_inspect)
+
+    k = sub.add_parser("tokenize", help="text -> token ids by the model's C tokenizer")
+    k.add_argument("model", help="model.bin or a model library (.so)")
+    k.add_argument("text")
+    k.add_argument("--special", action="store_true", help="add the BOS/EOS tokenizer_config.json asks for")
+    k.add_argument("--no-parse-special", action="store_true", help="special tokens in the text are plain text")
+    k.set_defaults(fn=cmd_tokenize)
+    d = sub.add_parser("detokenize", help="token ids (comma-separated) -> text by the model's C tokenizer")
+    d.add_argument("model", help="model.bin or a model library (.so)")
+    d.add_argument("ids")
+    d.set_defaults(fn=cmd_detokenize)
 
     t = sub.add_parser("targets", help="list targets and whether their tools are installed")
     t.add_argument("--check", action="store_true",

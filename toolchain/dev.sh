@@ -52,7 +52,26 @@ setup_python() {
   echo "$want" > "$stamp"
 }
 
-setup() { setup_apt; setup_python; }
+# The tokenizer tests' real vocabularies: llama.cpp's models/ggml-vocab-*.gguf with their expected ids,
+# from the llama-cpp-python sdist on PyPI, fetched once into .venv/share/ (tests never download).
+LCP_VERSION=0.3.36
+LCP_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+setup_vocabs() {
+  local dest=.venv/share/llama-cpp-python-$LCP_VERSION tmp
+  [ -d "$dest/vendor/llama.cpp/models" ] && return 0
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    "llama-cpp-python==$LCP_VERSION" -d "$tmp"
+  echo "$LCP_SHA256  $tmp/llama_cpp_python-$LCP_VERSION.tar.gz" | sha256sum -c --quiet -
+  mkdir -p "$tmp/x"
+  tar xzf "$tmp/llama_cpp_python-$LCP_VERSION.tar.gz" -C "$tmp/x" --wildcards \
+    "llama_cpp_python-$LCP_VERSION/vendor/llama.cpp/models/ggml-vocab-*"
+  mkdir -p .venv/share
+  mv "$tmp/x/llama_cpp_python-$LCP_VERSION" "$dest"
+  rm -rf "$tmp"
+}
+
+setup() { setup_apt; setup_python; setup_vocabs; }
 
 demo() {
   setup

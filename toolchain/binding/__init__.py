@@ -154,6 +154,22 @@ class Model:
         self._check(status)
         return self._logits.copy()
 
+    def _text(self):
+        if getattr(self, "_tokenizer", None) is None:
+            from .text import for_model
+
+            if getattr(self, "_path", None) is None:
+                raise ValueError("this model was not loaded from a file: no tokenizer beside it")
+            self._tokenizer = for_model(self._path, self._lib)
+        return self._tokenizer
+
+    def tokenize(self, text: str, special: bool = False, parse_special: bool = True) -> list[int]:
+        """UTF-8 text -> ids by the C tokenizer exported with the model; more than max_seq ids is an error."""
+        return self._text().encode(text, special=special, parse_special=parse_special, max_ids=self.max_seq)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._text().decode(ids)
+
     def reset(self) -> None:
         self._check(self._lib.colibri_reset(self._ctx))
 
@@ -262,7 +278,9 @@ def load(path: str | os.PathLike, runtime: str | os.PathLike | None = None) -> M
         lib.colibri_model_blob.restype = ctypes.c_void_p
         n = ctypes.c_size_t()
         ptr = lib.colibri_model_blob(ctypes.byref(n))
-        return Model(lib, ptr, n.value, keepalive=(lib,))
+        m = Model(lib, ptr, n.value, keepalive=(lib,))
+        m._path = path
+        return m
     candidates = [runtime, path.parent / "libcolibri.so", os.environ.get("COLIBRI_RUNTIME")]
     rt = next((Path(c) for c in candidates if c and Path(c).is_file()), None)
     if rt is None:
@@ -272,7 +290,9 @@ def load(path: str | os.PathLike, runtime: str | os.PathLike | None = None) -> M
     with open(path, "rb") as f:  # mapped read-only: the runtime never writes the blob
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     view = np.frombuffer(mm, dtype=np.uint8)
-    return Model(lib, view.ctypes.data, view.size, keepalive=(lib, mm, view))
+    m = Model(lib, view.ctypes.data, view.size, keepalive=(lib, mm, view))
+    m._path = path
+    return m
 
 
 __all__ = ["ColibriError", "Model", "SampleError", "Sampler", "TokenError", "Utf8Stream", "load", "token_ids"]

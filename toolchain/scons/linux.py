@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..csources import RUNTIME_DIR, RUNTIME_SRC, abi_major, package_version
+from ..csources import RUNTIME_DIR, RUNTIME_SRC, TEXT_SRC, abi_major, package_version
 from ..size.command import post_link
 from ..targets import Target
 from .files import copy
@@ -56,6 +56,8 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
     src = RUNTIME_DIR / "src"
     spec_objs = [objs(spec_env, f"spec/{Path(s).stem}", src / s, shared=True) for s in RUNTIME_SRC]
     generic_objs = [objs(gen_env, f"generic/{Path(s).stem}", src / s, shared=True) for s in RUNTIME_SRC]
+    text_spec = [objs(spec_env, f"spec/{Path(s).stem}", src / s, shared=True) for s in TEXT_SRC]
+    text_generic = [objs(gen_env, f"generic/{Path(s).stem}", src / s, shared=True) for s in TEXT_SRC]
     model_objs = [objs(spec_env, "model", gen["model.c"], shared=True),
                   objs(spec_env, "model_blob", gen["model_blob.S"], shared=True,
                        ASPPFLAGS=escape_all(t.cflags) + ["-Xassembler", f"-I{flag_path(inc)}"])]
@@ -64,8 +66,8 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
     soflags = ["-shared", "-Xlinker", f"--version-script={flag_path(file_node(env, RUNTIME_DIR / 'colibri.map'))}",
                *SOFLAGS]
     lib_a = spec_env.StaticLibrary(file_node(env, out / f"libcolibri_{name}.a"), spec_objs + model_objs)
-    lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + model_objs, soflags)
-    generic_so = _shared_lib(gen_env, out, "colibri", generic_objs, soflags)
+    lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + text_spec + model_objs, soflags)
+    generic_so = _shared_lib(gen_env, out, "colibri", generic_objs + text_generic, soflags)
     return lib_a, lib_so, generic_so, generic_objs
 
 

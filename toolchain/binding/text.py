@@ -1,0 +1,109 @@
+"""ctypes over the C tokenizer (colibri_text.h): encode and decode run in C, not in Python."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+SCRATCH_BYTES = 1 << 20  # the binding's scratch: one pre-token of up to ~116k bytes
+PARSE_SPECIAL, SPECIAL, FIRST = 2, 1, 1
+_WORDS = 32  # sizeof(colibri_tok) is well under 32 * 8 bytes
+
+
+class TokenizerError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{message} (status {status})")
+        self.status = status
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    p, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.colibri_tok_init.argtypes = [p, p, sz]
+    lib.colibri_tok_encode.argtypes = [p, ctypes.c_char_p, sz, ctypes.c_uint, ctypes.POINTER(ctypes.c_int32), sz,
+                                       ctypes.POINTER(sz), p, sz]
+    lib.colibri_tok_decode.argtypes = [p, ctypes.c_int32, ctypes.c_uint, ctypes.c_char_p, sz, ctypes.POINTER(sz)]
+    lib.colibri_tok_vocab.argtypes = [p]
+    lib.colibri_tok_vocab.restype = ctypes.c_uint32
+    lib.colibri_tok_strerror.argtypes = [ctypes.c_int]
+    lib.colibri_tok_strerror.restype = ctypes.c_char_p
+    for fn in ("colibri_tok_init", "colibri_tok_encode", "colibri_tok_decode"):
+        getattr(lib, fn).restype = ctypes.c_int
+
+
+class Tokenizer:
+    """A validated tokenizer section (`section_ptr` must stay alive: pass its owner in keepalive)."""
+
+    def __init__(self, lib: ctypes.CDLL, section_ptr: int, section_len: int, keepalive: object = None):
+        declare(lib)
+        self._lib, self._keep = lib, keepalive
+        self._tok = (ctypes.c_uint64 * _WORDS)()
+        self._check(lib.colibri_tok_init(self._tok, section_ptr, section_len))
+        self._scratch = np.zeros(SCRATCH_BYTES // 4, dtype=np.uint32)
+        self.vocab = lib.colibri_tok_vocab(self._tok)
+
+    @classmethod
+    def from_bytes(cls, lib: ctypes.CDLL, section: bytes) -> Tokenizer:
+        buf = np.frombuffer(section + b"\0" * (-len(section) % 4), dtype=np.uint32).copy()
+        return cls(lib, buf.ctypes.data, len(section), buf)
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            raise TokenizerError(status, self._lib.colibri_tok_strerror(status).decode())
+
+    def encode(self, text: str | bytes, special: bool = False, parse_special: bool = True,
+               max_ids: int | None = None) -> list[int]:
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        cap = max_ids if max_ids is not None else len(data) + 2
+        ids = (ctypes.c_int32 * max(cap, 1))()
+        n = ctypes.c_size_t()
+        flags = (SPECIAL if special else 0) | (PARSE_SPECIAL if parse_special else 0)
+        self._check(self._lib.colibri_tok_encode(self._tok, data, len(data), flags, ids, cap, ctypes.byref(n),
+                                                 self._scratch.ctypes.data, self._scratch.nbytes))
+        return list(ids[: n.value])
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        out = bytearray()
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ctypes.c_size_t()
+        for k, i in enumerate(ids):
+            self._check(self._lib.colibri_tok_decode(self._tok, int(i), FIRST if k == 0 else 0, buf, len(buf),
+                                                     ctypes.byref(n)))
+            out += buf.raw[: n.value]
+        return bytes(out)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", "replace")
+
+
+def library_for(model: Path, runtime: str | os.PathLike | None = None) -> ctypes.CDLL:
+    """The C library that runs a model's tokenizer: the model .so itself, or the generic libcolibri.so
+    that runs a model.bin (beside it, `runtime`, or $COLIBRI_RUNTIME)."""
+    if model.suffix == ".so" or ".so." in model.name:
+        lib_path = model
+    else:
+        candidates = [runtime, model.parent / "libcolibri.so", os.environ.get("COLIBRI_RUNTIME")]
+        found = next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"{model}: no generic runtime libcolibri.so beside it; set COLIBRI_RUNTIME")
+        lib_path = found
+    lib = ctypes.CDLL(str(lib_path.absolute()), mode=ctypes.RTLD_LOCAL)
+    if not hasattr(lib, "colibri_tok_init"):
+        raise ValueError(f"{lib_path}: built without the text runtime (no colibri_tok_init)")
+    return lib
+
+
+def for_model(model: str | os.PathLike, lib: ctypes.CDLL | None = None) -> Tokenizer:
+    """The tokenizer exported with a model: tokenizer.bin beside its model.bin or model library."""
+    from colibri.codegen.safeio import read_bytes
+    from colibri.codegen.tokenizer import TOKENIZER_FILE
+
+    model = Path(model)
+    section = model.parent / TOKENIZER_FILE
+    if not section.exists():
+        raise FileNotFoundError(f"{model}: the model has no tokenizer ({section} missing: exported with "
+                                "--no-tokenizer or from a checkpoint without tokenizer.json)")
+    return Tokenizer.from_bytes(lib or library_for(model), read_bytes(section, TOKENIZER_FILE, "tokenizer"))
