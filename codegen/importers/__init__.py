@@ -10,7 +10,7 @@ from ..errors import ExportError
 from ._registry import REGISTRY, Importer
 
 # isort: off
-from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek  # noqa: E402,F401 (each registers itself: this order)
+from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, dense  # noqa: E402,F401 (each registers itself: this order)
 # isort: on
 
 IMPORTERS: tuple[Importer, ...] = tuple(REGISTRY.values())
