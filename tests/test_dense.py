@@ -45,11 +45,11 @@ CASES = {
 TARGETS = ["rpi4", "riscv64"]
 
 
-def _make(path: Path, family: str) -> Path:
+def make_hf(path: Path, cls: str, kw: dict, seed: int) -> Path:
+    """save_pretrained of a randomly initialised transformers model of config class `cls`."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cls, kw = CASES[family]
-    torch.manual_seed(sorted(CASES).index(family) + 1)
+    torch.manual_seed(seed)
     cfg = getattr(transformers, cls)(**kw)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # HF initialises norms to 1 and biases to 0: make them matter
@@ -65,16 +65,16 @@ def _make(path: Path, family: str) -> Path:
 @pytest.fixture(scope="module")
 def dense_ckpts(tmp_path_factory):
     base = tmp_path_factory.mktemp("dense")
-    return {f: _make(base / f, f) for f in CASES}
+    return {f: make_hf(base / f, *CASES[f], seed=i + 1) for i, f in enumerate(sorted(CASES))}
 
 
-def _reference(ckpt: Path, weights=None) -> Reference:
+def reference(ckpt: Path, weights=None) -> Reference:
     c = open_checkpoint(ckpt)
     w = weights if weights is not None else {n: c.get(n) for n in canonical_names(c.spec)}
     return Reference(c.spec, w, max_seq=64)
 
 
-def _hf_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
+def hf_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
     import torch
     import transformers
 
@@ -98,15 +98,15 @@ def test_reference_matches_transformers(family, dense_ckpts):
     rng = np.random.default_rng(7)
     for n in SEQ_LENS:
         tokens = [int(t) for t in rng.integers(0, VOCAB, n)]
-        want = _hf_logits(dense_ckpts[family], tokens)
-        r = _reference(dense_ckpts[family])
+        want = hf_logits(dense_ckpts[family], tokens)
+        r = reference(dense_ckpts[family])
         got = np.stack([r.forward([t]) for t in tokens])
         assert float(np.max(np.abs(got - want))) <= 1e-5 * float(np.max(np.abs(want))), (family, n)
 
 
-def _check_runtime(family, quant, out, ckpt):
+def runtime_expectation(family, quant, out, ckpt):
     weights = None if quant == "f32" else blob_weights(out / "model.bin")
-    ref = _reference(ckpt, weights)
+    ref = reference(ckpt, weights)
     want_logits = ref.forward(PROMPT)
     ref.reset()
     return ref, want_logits, ref.generate(PROMPT, N_GEN)
@@ -116,7 +116,7 @@ def _check_runtime(family, quant, out, ckpt):
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_host_matches_reference(family, quant, dense_ckpts, build_model):
     out = build_model(dense_ckpts[family], quant)
-    _, want_logits, want_tokens = _check_runtime(family, quant, out, dense_ckpts[family])
+    _, want_logits, want_tokens = runtime_expectation(family, quant, out, dense_ckpts[family])
     m = load(out / "model.bin")
     got = m.forward(PROMPT)
     if quant == "f32":
@@ -131,7 +131,7 @@ def test_host_matches_reference(family, quant, dense_ckpts, build_model):
 def test_target_matches_reference(family, target, quant, dense_ckpts, build_model):
     require_target(target)
     out = build_model(dense_ckpts[family], quant, target)
-    _, want_logits, want_tokens = _check_runtime(family, quant, out, dense_ckpts[family])
+    _, want_logits, want_tokens = runtime_expectation(family, quant, out, dense_ckpts[family])
     args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
     tokens, logits = _parse(_run(target, out / "colibri_demo", *args))
     assert tokens == want_tokens, f"{family} {target} {quant}: tokens differ from the reference"
