@@ -41,7 +41,8 @@ def llama3_scaling(spec: ModelSpec, inv_freq: np.ndarray) -> np.ndarray:
     long wavelengths divided by `factor`, short ones kept, the band between interpolated."""
     factor, low, high = F32(spec.rope_factor), F32(spec.rope_low_freq), F32(spec.rope_high_freq)
     old = F32(spec.rope_original_max)
-    low_wavelen, high_wavelen = spec.rope_original_max / spec.rope_low_freq, spec.rope_original_max / spec.rope_high_freq
+    low_wavelen = spec.rope_original_max / spec.rope_low_freq
+    high_wavelen = spec.rope_original_max / spec.rope_high_freq
     wavelen = F32(2 * np.pi) / inv_freq
     scaled = np.where(wavelen > F32(low_wavelen), inv_freq / factor, inv_freq).astype(F32)
     smooth = (old / wavelen - low) / (high - low)

@@ -53,7 +53,7 @@ def make_hf(path: Path, cls: str, kw: dict, seed: int) -> Path:
     cfg = getattr(transformers, cls)(**kw)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # HF initialises norms to 1 and biases to 0: make them matter
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(path)

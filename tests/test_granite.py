@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from test_cross import _parse, _run
-from test_dense import PROMPT, N_GEN, SEQ_LENS, hf_logits, make_hf, reference, runtime_expectation
+from test_dense import N_GEN, PROMPT, SEQ_LENS, hf_logits, make_hf, reference, runtime_expectation
 
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.errors import ExportError
