@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ExportError
-from .importers import Importer, find_importer
+from .importers import Importer, View, find_importer
 from .safeio import read_json
 from .safetensors_reader import FLOAT_DTYPES, SafetensorsFile, TensorInfo
 from .spec import ModelSpec, canonical_shape
@@ -82,12 +82,13 @@ class Checkpoint:
     """A validated checkpoint; `get` reads one canonical tensor as float32."""
 
     def __init__(self, path: Path, config: dict[str, Any], importer: Importer, spec: ModelSpec,
-                 sources: dict[str, tuple[SafetensorsFile, TensorInfo]]) -> None:
+                 sources: dict[str, tuple[SafetensorsFile, TensorInfo]], views: dict[str, View] | None = None) -> None:
         self.path = path
         self.config = config
         self.importer = importer
         self.spec = spec
         self._sources = sources  # canonical name -> (file, header entry)
+        self._views = views or {}  # canonical name -> its part of a fused or scaled file tensor
         # canonical name -> safetensors dtype in the files ("F32", "F16" or "BF16")
         self.source_dtypes: dict[str, str] = {n: info.dtype for n, (_, info) in sources.items()}
 
@@ -115,6 +116,12 @@ class Checkpoint:
         """Read one canonical tensor as a new float32 array; ExportError on NaN/Inf. KeyError if unknown."""
         f, info = self._sources[name]
         arr = f.read(info.name)
+        view = self._views.get(name)
+        if view is not None:
+            arr = np.ascontiguousarray(arr[view.index]) if view.index else arr
+            if view.scale != 1.0:
+                with np.errstate(over="ignore"):
+                    arr = (arr * np.float32(view.scale)).astype(np.float32)
         bad = ~np.isfinite(arr)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -149,6 +156,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
                                        f"{at_least} tensors, but the checkpoint files hold {len(where)}")
     sources: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
     expected = importer.tensor_map(spec)
+    views = {c: importer.view(spec, config, c) for c in expected} if importer.view else {}
     for canonical, name in expected.items():
         if name not in where:
             raise ExportError(listing, "missing tensor", name)
@@ -156,7 +164,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         if info.dtype not in FLOAT_DTYPES:
             raise ExportError(f.path, f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})",
                               name)
-        shape = canonical_shape(spec, canonical)
+        shape = views[canonical].shape if views else canonical_shape(spec, canonical)
         if info.shape != shape:
             raise ExportError(f.path, f"shape {list(info.shape)} does not match the config's {list(shape)}", name)
         sources[canonical] = (f, info)
@@ -164,4 +172,4 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     for name in sorted(where):
         if name not in wanted and not importer.is_ignored(spec, name):
             raise ExportError(where[name][0].path, "unexpected tensor (not part of the model)", name)
-    return Checkpoint(directory, config, importer, spec, sources)
+    return Checkpoint(directory, config, importer, spec, sources, views)

@@ -32,7 +32,23 @@ def rope_inv_freq(spec: ModelSpec) -> np.ndarray:
     d = spec.head_dim
     exponent = np.arange(0, d, 2, dtype=F32) / F32(d)
     power = (np.float64(spec.rope_theta) ** exponent.astype(np.float64)).astype(F32)
-    return F32(1.0) / power
+    inv_freq = F32(1.0) / power
+    return llama3_scaling(spec, inv_freq) if spec.rope_type == "llama3" else inv_freq
+
+
+def llama3_scaling(spec: ModelSpec, inv_freq: np.ndarray) -> np.ndarray:
+    """transformers' _compute_llama3_parameters on float32 inverse frequencies, step by step in float32:
+    long wavelengths divided by `factor`, short ones kept, the band between interpolated."""
+    factor, low, high = F32(spec.rope_factor), F32(spec.rope_low_freq), F32(spec.rope_high_freq)
+    old = F32(spec.rope_original_max)
+    low_wavelen = spec.rope_original_max / spec.rope_low_freq
+    high_wavelen = spec.rope_original_max / spec.rope_high_freq
+    wavelen = F32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > F32(low_wavelen), inv_freq / factor, inv_freq).astype(F32)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (F32(1.0) - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < F32(high_wavelen)) & ~(wavelen > F32(low_wavelen))
+    return np.where(medium, smoothed, scaled).astype(F32)
 
 
 def rope_cos_sin(inv_freq: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:

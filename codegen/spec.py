@@ -14,6 +14,7 @@ from typing import Any
 
 from .format import canonical_name, feature_flags, tensor_order
 
+ROPE_TYPES = ("default", "llama3")  # rope scaling the exporter's rope_freq implements
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
@@ -45,6 +46,13 @@ class ModelSpec:
     shared_gate: bool = False  # shared expert output scaled by sigmoid(moe.shared_gate . x) (Qwen2-MoE)
     dense_ffn: int = 0  # intermediate size of the dense MLP of the layers in dense_layers
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead of the MoE block, increasing
+    # Rope scaling (HF rope_parameters): "default", or "llama3" with its factor, low/high frequency factors and
+    # original_max_position_embeddings. Only the rope_freq tensor the exporter derives depends on them.
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq: float = 1.0
+    rope_high_freq: float = 4.0
+    rope_original_max: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.dense_layers, list):
@@ -55,6 +63,11 @@ class ModelSpec:
 
     def is_dense(self, layer: int) -> bool:
         return layer in self.dense_layers
+
+    @property
+    def all_dense(self) -> bool:
+        """A dense model (Llama, Mistral, Qwen2, Qwen3): no router and no experts in any layer."""
+        return len(self.dense_layers) == self.n_layers
 
     @property
     def moe_layers(self) -> list[int]:
@@ -132,6 +145,18 @@ def _first_problem(s: ModelSpec) -> str | None:
         return f"dense_layers must be increasing layer indices below {s.n_layers}, got {d!r}"
     if bool(d) != bool(s.dense_ffn):
         return "dense_layers and dense_ffn must be given together"
+    if s.rope_type not in ROPE_TYPES:
+        return f"rope_type {s.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
+    if s.rope_type == "llama3":
+        for name in ("rope_factor", "rope_low_freq", "rope_high_freq"):
+            v = getattr(s, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                return f"{name} must be a positive finite number, got {v!r}"
+        if s.rope_high_freq <= s.rope_low_freq:
+            return "rope_high_freq must exceed rope_low_freq"
+        if not isinstance(s.rope_original_max, int) or isinstance(s.rope_original_max, bool) \
+                or s.rope_original_max <= 0:
+            return f"rope_original_max must be a positive integer, got {s.rope_original_max!r}"
     if len(d) > 256 or (d and d[-1] >= 256):
         return "dense layers beyond layer 255 are not supported by the blob format"
     return None

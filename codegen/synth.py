@@ -112,14 +112,32 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
                 "first_k_dense_replace": len(dense), "moe_layer_freq": 1, "norm_topk_prob": spec.norm_topk_prob,
                 "routed_scaling_factor": spec.routed_scale, "scoring_func": "softmax", "topk_method": "greedy",
                 "attention_bias": False}
+    if spec.arch in DENSE_ARCHES:
+        out: dict[str, object] = {"intermediate_size": spec.dense_ffn, "head_dim": spec.head_dim}
+        if spec.arch == "mistral":
+            out["sliding_window"] = None
+        if spec.arch in ("qwen2", "qwen3"):
+            out["use_sliding_window"] = False
+        if spec.arch in ("llama", "qwen3"):
+            out["attention_bias"] = False
+        return out
+    if spec.arch == "granitemoe":
+        return {"intermediate_size": spec.ffn, "num_local_experts": spec.n_experts,
+                "shared_intermediate_size": spec.shared_ffn, "attention_bias": False,
+                **{k: 1.0 for k in ("embedding_multiplier", "logits_scaling", "residual_multiplier")},
+                "attention_multiplier": spec.head_dim ** -0.5}
     return {"intermediate_size": spec.ffn, "num_local_experts": spec.n_experts}
+
+
+DENSE_ARCHES = ("llama", "mistral", "qwen2", "qwen3")  # every layer a dense MLP (importers/dense.py)
 
 
 def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
     family = _family_config(spec)
     cfg: dict[str, object] = {
-        "architectures": [_IMPORTER[spec.arch].architectures[0]],
-        "model_type": spec.arch,
+        "architectures": [_IMPORTER[spec.arch].architectures[1 if spec.arch == "granitemoe" and spec.shared_ffn
+                                                             else 0]],
+        "model_type": "granitemoeshared" if spec.arch == "granitemoe" and spec.shared_ffn else spec.arch,
         "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
         "intermediate_size": family.pop("intermediate_size"),
@@ -211,6 +229,10 @@ def _features(arch: str, ffn: int, shared_ffn: int | None, dense_ffn: int | None
               routed_scale: float) -> dict[str, object]:
     dense = tuple(dense_layers or ())
     out: dict[str, object] = {"dense_layers": dense, "dense_ffn": (dense_ffn or 2 * ffn) if dense else 0}
+    if arch == "granitemoe":
+        out.update(norm_topk_prob=True, shared_ffn=shared_ffn or 0)
+    elif arch in ("qwen2", "qwen3"):
+        out.update(qkv_bias=True) if arch == "qwen2" else out.update(qk_norm="head")
     if arch == "qwen2_moe":
         shared = 2 * ffn if shared_ffn is None else shared_ffn
         out.update(qkv_bias=True, shared_ffn=shared, shared_gate=shared > 0,
@@ -245,8 +267,10 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     """
     if arch not in ARCHES:
         raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
-    if arch in ("mixtral", "olmoe") and (dense_layers or shared_ffn):
+    if arch in ("mixtral", "olmoe", *DENSE_ARCHES) and (dense_layers or shared_ffn):
         raise ValueError(f"synth: {arch} has no dense layers or shared experts")
+    if arch in DENSE_ARCHES:  # every layer dense, of width ffn; no router, no experts
+        dense_layers, dense_ffn, experts, top_k = list(range(layers)), ffn, 1, 1
     if dtype not in DTYPES:
         raise ValueError(f"synth: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if head_dim is None and heads > 0 and hidden % heads:
@@ -263,9 +287,19 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     st_dtype, torch_dtype = DTYPES[dtype]
     rng = np.random.default_rng(seed)
     entries = []
+    view = _IMPORTER[arch].view
+    fused: dict[str, np.ndarray] = {}  # families whose files fuse tensors: each file tensor assembled
     for name in canonical_names(spec):
         w = _weight(rng, spec, name, heavy_tail)
         src = _IMPORTER[arch].source_name(name)
+        if view is None:
+            entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
+            continue
+        v = view(spec, {}, name)  # synth writes multipliers of 1 (attention_multiplier 1/sqrt(head_dim))
+        if src not in fused:
+            fused[src] = np.zeros(v.shape, dtype=np.float32)
+        fused[src][v.index if v.index else ...] = w
+    for src, w in fused.items():
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 
     out = Path(os.path.abspath(out_dir))

@@ -144,8 +144,8 @@ def test_invalid_config_json(tmp_path):
 
 def test_unknown_architecture(tmp_path):
     ck = tiny(tmp_path / "m")
-    patch_config(ck, architectures=["LlamaForCausalLM"])
-    with raises(ck / "config.json", "LlamaForCausalLM", "MixtralForCausalLM"):
+    patch_config(ck, architectures=["GptOssForCausalLM"])
+    with raises(ck / "config.json", "GptOssForCausalLM", "MixtralForCausalLM"):
         open_checkpoint(ck)
 
 
@@ -153,8 +153,8 @@ def test_model_type_without_architectures(tmp_path):
     ck = tiny(tmp_path / "m")
     patch_config(ck, architectures=...)
     assert open_checkpoint(ck).spec.arch == "mixtral"
-    patch_config(ck, model_type="llama")
-    with raises(ck / "config.json", "llama"):
+    patch_config(ck, model_type="gpt_oss")
+    with raises(ck / "config.json", "gpt_oss"):
         open_checkpoint(ck)
 
 
@@ -521,7 +521,7 @@ def test_synth_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError):
         tiny(tmp_path / "m", top_k=4)
     with pytest.raises(ValueError):
-        tiny(tmp_path / "m", arch="llama")
+        tiny(tmp_path / "m", arch="gpt_oss")
     with pytest.raises(ValueError):
         tiny(tmp_path / "m", dtype="int8")
 

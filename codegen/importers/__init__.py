@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError
-from ._registry import REGISTRY, Importer
+from ._registry import REGISTRY, Importer, View
 
 # isort: off
-from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek  # noqa: E402,F401 (each registers itself: this order)
+from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, dense, granitemoe  # noqa: E402,F401 (each registers itself: this order)
 # isort: on
+
+__all__ = ["FAMILIES", "IMPORTERS", "Importer", "View", "find_importer"]
 
 IMPORTERS: tuple[Importer, ...] = tuple(REGISTRY.values())
 FAMILIES: tuple[str, ...] = tuple(REGISTRY)

@@ -12,6 +12,18 @@ from ..spec import ModelSpec
 
 
 @dataclass(frozen=True)
+class View:
+    """Where a canonical tensor is in a family whose files fuse or scale tensors (Granite-MoE): the source
+    tensor, its shape on disk, the index that selects the canonical tensor from it, and a factor the
+    importer folds into it (a multiplier of the family's config that is linear in this weight)."""
+
+    source: str
+    shape: tuple[int, ...]
+    index: tuple[Any, ...] = ()
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class Importer:
     family: str  # ModelSpec.arch and `colibri synth --arch`
     architectures: tuple[str, ...]  # config.json "architectures"; the first is what synth writes
@@ -20,6 +32,8 @@ class Importer:
     tensor_map: Callable[[ModelSpec], dict[str, str]]
     is_ignored: Callable[[ModelSpec, str], bool]
     source_name: Callable[[str], str]  # canonical tensor name -> the family's HF name
+    # families whose tensors are not one file tensor each: (spec, config, canonical name) -> View
+    view: Callable[[ModelSpec, Mapping[str, Any], str], View] | None = None
 
 
 REGISTRY: dict[str, Importer] = {}
