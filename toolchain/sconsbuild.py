@@ -65,6 +65,14 @@ def _activations(arg: str) -> bool:
     return arg == "int8"
 
 
+def _kv(arg: str) -> str:
+    from colibri.codegen.format import KV_DTYPES
+
+    if arg not in KV_DTYPES:
+        _fail(f"KV={arg}: expected one of {', '.join(KV_DTYPES)}")
+    return arg
+
+
 def _options(arguments: dict) -> dict:
     """The export options of the command line (the exporter's defaults for those not given)."""
     d = export_defaults()
@@ -76,6 +84,7 @@ def _options(arguments: dict) -> dict:
             "outlier_frac": float(arguments.get("OUTLIER_FRAC", d["outlier_frac"])),
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
+            "kv": _kv(arguments.get("KV", d["kv"])),
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
