@@ -31,7 +31,8 @@ PROMPT = [3, 17, 42, 5, 9]
 N_GREEDY = 32
 F16_REL = 1e-3  # KV f16 against KV f32: max |logit difference| / max |logit| (the issue's bound)
 SAME_KV_REL = 1e-5  # C against the numpy reference with the same KV option (float sums in another order)
-INT8_KL = 1e-3  # KV int8 against KV f32 on the demo model: mean KL of the teacher-forced next-token logits
+INT8_KL = 1e-5  # KV int8 against KV f32 on the demo model: mean KL of the teacher-forced next-token logits
+# (3.2e-7 when this was written; the issue suggests 1e-3, which would not catch a scale read off by one head)
 N_HELDOUT = 200
 KV_FLAG_BITS = {"f32": 0, "f16": 1 << 14, "int8": 1 << 15}  # FORMAT.md "Feature flags", written out here
 
@@ -198,7 +199,8 @@ def test_int8_kv_on_the_demo_model(build_model):
     i8 = load(out / "model.bin")
     answers = [_greedy(f32, p, task["max_new_tokens"]) for p in prompts]
     assert [_greedy(i8, p, task["max_new_tokens"]) for p in prompts] == answers
-    p, q = _log_softmax(_teacher_forced(f32, prompts, answers)), _log_softmax(_teacher_forced(i8, prompts, answers))
+    digits = [a[:-1] if a[-1:] == [adder_task.EOS] else a for a in answers]  # as bench/accuracy.py: up to EOS
+    p, q = _log_softmax(_teacher_forced(f32, prompts, digits)), _log_softmax(_teacher_forced(i8, prompts, digits))
     kl = float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
     print(f"KV int8 against KV f32 on {N_HELDOUT} held-out sums: mean KL {kl:.3e} (bound {INT8_KL:g})")
     assert 0.0 < kl < INT8_KL
