@@ -157,3 +157,27 @@ def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool
         prefill_block=block,
         kv=kv,
     )
+
+
+def largest_max_seq(spec: ModelSpec, room: int, cap: int, block: int | None = None, q8: bool = False,
+                    max_block: int = MAX_PREFILL_BLOCK, kv: str = "f32") -> int:
+    """The largest max_seq in 1..cap whose arena (as plan_arena() plans it) fits `room` bytes; 0 if
+    none does. The arena grows with max_seq (the caches and the scores do; the default block too)."""
+    def fits(n: int) -> bool:
+        return plan_arena(spec, n, block, q8, max_block, kv).arena_bytes <= room
+
+    if block and block > 1:
+        cap = max(cap, block)  # a block longer than max_seq is refused by the plan, not sized
+        lo = block
+    else:
+        lo = 1
+    if not fits(lo):
+        return 0
+    hi = cap
+    while lo < hi:  # invariant: fits(lo)
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
