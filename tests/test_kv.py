@@ -238,3 +238,48 @@ def test_kv_gives_the_same_bits_everywhere(kv, tmp_path_factory, build_model):
     assert len(first) == 2 and first[1].count(",") >= CROSS_SHAPE["vocab"] - 1
     for name, lines in runs.items():
         assert lines == first, f"{name} differs from the host build in the printed logits"
+
+
+def _arena_region_bytes(target: str) -> int:
+    """The length of the region the target file places the arena in (read from the TOML itself)."""
+    import tomllib
+
+    t = tomllib.loads((ROOT / "targets" / f"{target}.toml").read_text())
+    return next(r["length"] for r in t["memory"] if r["name"] == t["placement"]["arena"])
+
+
+def test_max_seq_auto_on_stm32h7(build_model):
+    """MAX_SEQ=auto: the largest max_seq whose arena fits the arena's region (stm32h7: AXI_SRAM, nothing
+    else there), printed; a 16- or 8-bit cache fits more positions; the image boots with the reference's
+    tokens."""
+    import re
+
+    from colibri.codegen.plan import plan_arena
+    from colibri.codegen.spec import ModelSpec
+
+    require_target("stm32h7")
+    room = _arena_region_bytes("stm32h7")
+    seqs = {}
+    for kv in ("f32", "f16", "int8"):
+        out = build_model(ADDER, "int8c", "stm32h7", f"KV={kv}", "MAX_SEQ=auto")
+        manifest = json.loads((out / "manifest.json").read_text())
+        n, a = manifest["max_seq"], manifest["arena"]
+        assert a["arena_bytes"] <= room
+        spec = ModelSpec.from_json(manifest["spec"])
+        bigger = plan_arena(spec, n + 1, a["prefill_block"] if a["prefill_block"] > 1 else None, True, 32, kv)
+        assert bigger.arena_bytes > room, f"KV {kv}: max_seq {n + 1} would fit too"
+        size = json.loads(next(out.glob("*.size.json")).read_text())
+        assert size["regions"]["ram"]["bytes"] >= a["arena_bytes"]
+        seqs[kv] = n
+    assert seqs["f32"] < seqs["f16"] < seqs["int8"], seqs
+    elf = next(p for p in out.glob("*.elf") if not p.name.endswith("-qemu.elf"))
+    res = subprocess.run([str(BIN / "colibri"), "run", "--target", "stm32h7", str(elf)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    tokens = [int(t) for t in res.stdout.splitlines()[0].removeprefix("tokens: ").split(",") if t]
+    (gen,) = (out.parent.parent / "gen" / out.name).glob(f"*-seq{seqs['int8']}")  # the export it linked
+    h = dict(re.findall(r"^#define (COLIBRI_\w+) (.*?)\s*(?:/\*.*)?$", (gen / "model.h").read_text(), re.M))
+    assert int(h["COLIBRI_MAX_SEQ"]) == seqs["int8"]
+    prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
+    ref = Reference(open_checkpoint(ADDER).spec, blob_weights(gen / "model.bin"), max_seq=seqs["int8"], kv="int8")
+    assert tokens == ref.generate(prompt, int(h["COLIBRI_DEFAULT_GENERATE"]))
