@@ -57,7 +57,12 @@ def header_bytes(n_tensors: int) -> int:
 
 
 def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> int:
-    return fmt.blob_minor(feature_flags(spec), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
+    return fmt.blob_minor(blob_flags(spec, plan), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
+
+
+def blob_flags(spec: ModelSpec, plan: ArenaPlan) -> int:
+    """The header's flags: the model's features and the plan's KV cache precision."""
+    return feature_flags(spec) | fmt.KV_FLAG[plan.kv]
 
 
 class BlobWriter:
@@ -123,7 +128,7 @@ class BlobWriter:
             raise AssertionError(f"blob has {len(self.entries)} tensors, expected {self.n_tensors}")
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
-        flags = feature_flags(spec)
+        flags = blob_flags(spec, plan)
         minor = format_minor(spec, plan, self.int4)
         xq = plan.buffers[-1].offset if plan.buffers[-1].name == fmt.XQ_BUFFER.name else 0
         if self.int4 and not xq:

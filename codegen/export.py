@@ -14,12 +14,12 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__, sampling
-from .blob import BlobWriter, format_version
+from .blob import BlobWriter, blob_flags, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
-from .format import blob_names, feature_flags, tensor_fields
+from .format import KV_DTYPES, blob_names, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
@@ -64,6 +64,7 @@ class ExportOptions:
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
     max_prefill_block: int = MAX_PREFILL_BLOCK  # the largest block the target's runtime takes (its TOML's)
     tokenizer: bool = True  # compile tokenizer.json in (when the checkpoint has one); False: ids only
+    kv: str = "f32"  # the KV cache precision: f32, f16 or int8 (per head per position, f32 scale)
 
 
 @dataclass
@@ -167,6 +168,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
         raise ExportError(ckpt_dir, f"unknown layout {opts.layout!r} (use {', '.join(LAYOUTS)})")
     if opts.group_size < 0:
         raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
+    if opts.kv not in KV_DTYPES:
+        raise ExportError(ckpt_dir, f"--kv {_short(opts.kv)}: not one of {', '.join(KV_DTYPES)}")
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= MAX_SEQ_LIMIT:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, {MAX_SEQ_LIMIT}]")
@@ -268,7 +271,7 @@ def export(
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
-    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block)
+    plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block, kv=opts.kv)
     order = blob_names(spec)
     names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
@@ -320,7 +323,8 @@ def export(
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
                      "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS),
-                     "layout": opts.layout if q8 else "rows", "int8_activations": q8},
+                     "layout": opts.layout if q8 else "rows", "int8_activations": q8,
+                     "kv_cache": opts.kv},
             "arena": plan.to_json(),
             "totals": {
                 "weights": n_weights,
@@ -342,7 +346,7 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": generate, "flags": feature_flags(spec),
+            "prompt": prompt, "generate": generate, "flags": blob_flags(spec, plan),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))
@@ -400,8 +404,8 @@ def _summary(m: dict, src_bytes: int, seconds: float) -> str:
         f"model {m['model']}: {t['weights']:,} weights, {m['quant']['scheme']}, "
         f"{t['bits_per_weight']:.3f} bits/weight, rel error {err}",
         f"blob {m['blob']['bytes']:,} bytes (crc32 {m['blob']['crc32']:08x})",
-        f"arena {a['arena_bytes']:,} bytes planned (naive {a['naive_bytes']:,}; KV cache {a['kv_cache_bytes']:,})"
-        f" for max_seq {m['max_seq']}",
+        f"arena {a['arena_bytes']:,} bytes planned (naive {a['naive_bytes']:,}; KV cache {a['kv_cache_bytes']:,} "
+        f"bytes in {a['kv_cache_dtype']}) for max_seq {m['max_seq']}",
         f"logit error relative to max |logit|: {pred_s}",
         *([comp] if n_corr else []),
         f"export {seconds:.2f} s, {src_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s of source weights",

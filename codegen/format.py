@@ -175,10 +175,36 @@ FLAGS: tuple[Flag, ...] = (
                             "MLP_UP) instead of router and experts"),
     Flag("ROUTED_SCALE", 8, "every routing weight (after the optional renormalisation) is multiplied by "
                             "routed_scale (DeepSeek `routed_scaling_factor`)"),
+    # The KV cache's precision (see "KV cache"); neither bit: f32. A runtime that predates them refuses
+    # such a blob with COLIBRI_E_BAD_HEADER (an unknown flag), never misreads its cache.
+    Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
+                       "excludes KV_INT8"),
+    Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
+                        "(see \"KV cache\"); excludes KV_F16"),
 )
 FLAG = {f.name: f.mask for f in FLAGS}
 FLAGS_KNOWN = sum(f.mask for f in FLAGS)
 QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
+
+# KV cache precision: the `--kv` / `KV=` names, the header flag each sets (f32: none).
+KV_DTYPES = ("f32", "f16", "int8")
+KV_FLAG = {"f32": 0, "f16": FLAG["KV_F16"], "int8": FLAG["KV_INT8"]}
+KV_FLAGS = FLAG["KV_F16"] | FLAG["KV_INT8"]
+KV_SCALE_BYTES = 4  # the f32 scale of one head's int8 row
+
+
+def kv_dtype_of(flags: int) -> str:
+    """The KV cache precision a header's flags say (KeyError for both bits)."""
+    return {v: k for k, v in KV_FLAG.items()}[flags & KV_FLAGS]
+
+
+def kv_row_bytes(kv: str, n_kv_heads: int, head_dim: int) -> int:
+    """Bytes of one position's keys (or values) in one layer's cache: n_kv_heads·head_dim elements of f32
+    or f16; for int8 the n_kv_heads·head_dim int8 values padded to 4 bytes, then one f32 scale per head."""
+    n = n_kv_heads * head_dim
+    if kv == "int8":
+        return -(-n // 4) * 4 + KV_SCALE_BYTES * n_kv_heads
+    return n * ELEM_BYTES[kv]
 
 DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -362,11 +388,13 @@ class Buffer:
 
 
 BUFFERS: tuple[Buffer, ...] = (
-    Buffer("key_cache", 0, 11, "n_layers·max_seq·n_kv_heads·head_dim", "key cache"),
+    Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements)",
+           "key cache, in the KV cache precision (see \"KV cache\")"),
     Buffer("value_cache", 0, 11, "same", "value cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
     Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
-    Buffer("q", 1, 3, "B·n_heads·head_dim", "q"),
+    Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
+           "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
     Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
     Buffer("scores", 3, 3, "max_seq", "scores"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),

@@ -78,6 +78,8 @@ def c_header() -> str:
         add(f"#define CB_FLAG_{flag.name} (1u << {flag.bit})")
     add(f"#define CB_FLAGS_KNOWN 0x{fmt.FLAGS_KNOWN:X}u")
     add("#define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)")
+    add("#define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)")
+    add(f"#define CB_KV_SCALE_BYTES {fmt.KV_SCALE_BYTES}u /* the f32 scale of one head's int8 KV row */")
     add("")
     add("/* weight layouts, dtypes */")
     for name, code in fmt.LAYOUTS.items():

@@ -55,12 +55,14 @@ class ArenaPlan:
     naive_bytes: int  # context + every buffer side by side, no reuse
     kv_cache_bytes: int
     prefill_block: int = 1  # tokens the per-token buffers hold
+    kv: str = "f32"  # the KV cache precision (format.KV_DTYPES)
 
     def to_json(self) -> dict:
         return {
             "arena_bytes": self.arena_bytes,
             "naive_bytes": self.naive_bytes,
             "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_dtype": self.kv,
             "context_bytes": CTX_BYTES,
             "prefill_block": self.prefill_block,
             "buffers": [
@@ -70,25 +72,36 @@ class ArenaPlan:
         }
 
 
-def prefill_block(spec: ModelSpec, max_seq: int, cap: int = PREFILL_BLOCK) -> int:
+def prefill_block(spec: ModelSpec, max_seq: int, cap: int = PREFILL_BLOCK, kv: str = "f32") -> int:
     """The default block: as many tokens (up to cap and max_seq) as keep the per-token buffers
     within the KV cache's size, so blocking at most about doubles the arena of a small model (RAM
     is what a microcontroller runs out of) while large models get the full block."""
-    per_token = sum(v for k, v in buffer_elements(spec, max_seq, 1).items() if k not in UNBLOCKED) * F32
-    kv = 2 * spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim * F32
-    return max(1, min(cap, max_seq, kv // per_token))
+    per_token = sum(v for k, v in buffer_bytes(spec, max_seq, 1, kv).items() if k not in UNBLOCKED)
+    kv_bytes = buffer_bytes(spec, max_seq, 1, kv)["key_cache"] * 2
+    return max(1, min(cap, max_seq, kv_bytes // per_token))
 
 
-def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1) -> dict[str, int]:
-    """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block."""
-    kv = spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim
+def buffer_bytes(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
+    """Bytes of each table buffer (before alignment): the caches in the KV precision, the rest f32."""
+    out = {k: v * F32 for k, v in buffer_elements(spec, max_seq, block, kv).items()}
+    out["key_cache"] = out["value_cache"] = (
+        spec.n_layers * max_seq * fmt.kv_row_bytes(kv, spec.n_kv_heads, spec.head_dim))
+    return out
+
+
+def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
+    """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block.
+    The caches' entries count f32 elements of an f32 cache (buffer_bytes() has their bytes in any
+    precision); with a 16- or 8-bit cache q also holds the block's new k and v rows in f32."""
+    kv_elems = spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim
     qdim = spec.n_heads * spec.head_dim
+    staged = 0 if kv == "f32" else 2 * spec.n_kv_heads * spec.head_dim
     return {
-        "key_cache": kv,
-        "value_cache": kv,
+        "key_cache": kv_elems,
+        "value_cache": kv_elems,
         "x": block * spec.hidden,
         "xb": block * spec.hidden,
-        "q": block * qdim,
+        "q": block * (qdim + staged),
         "att": block * qdim,
         "scores": max_seq,
         "router": block * spec.n_experts,
@@ -107,17 +120,19 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
 
 
 def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool = False,
-               max_block: int = MAX_PREFILL_BLOCK) -> ArenaPlan:
+               max_block: int = MAX_PREFILL_BLOCK, kv: str = "f32") -> ArenaPlan:
     """Greedy by size: each buffer takes the lowest offset free of every placed
     buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
     block: tokens per prefill block (default: prefill_block(), at most max_block); q8: the model has
-    integer matmuls, which need the xq buffer (last in `buffers`)."""
-    block = prefill_block(spec, max_seq, max_block) if not block else block
+    integer matmuls, which need the xq buffer (last in `buffers`); kv: the KV cache precision."""
+    if kv not in fmt.KV_DTYPES:
+        raise ValueError(f"KV cache precision {kv!r} not one of {', '.join(fmt.KV_DTYPES)}")
+    block = prefill_block(spec, max_seq, max_block, kv) if not block else block
     if not 1 <= block <= max_block:
         raise ValueError(f"prefill block {block} outside 1..{max_block}")
-    elems = buffer_elements(spec, max_seq, block)
+    nbytes = buffer_bytes(spec, max_seq, block, kv)
     lifetimes = buffer_lifetimes(spec) + ((XQ_BUFFER,) if q8 else ())
-    sizes = {name: align_up(elems[name] * F32) for name, _, _ in lifetimes if name != "xq"}
+    sizes = {name: align_up(nbytes[name]) for name, _, _ in lifetimes if name != "xq"}
     if q8:
         sizes["xq"] = block * xq_row_bytes(spec)
     order = sorted(range(len(lifetimes)), key=lambda i: (-sizes[lifetimes[i][0]], i))
@@ -140,4 +155,29 @@ def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool
         naive_bytes=CTX_BYTES + sum(sizes.values()),
         kv_cache_bytes=sizes["key_cache"] + sizes["value_cache"],
         prefill_block=block,
+        kv=kv,
     )
+
+
+def largest_max_seq(spec: ModelSpec, room: int, cap: int, block: int | None = None, q8: bool = False,
+                    max_block: int = MAX_PREFILL_BLOCK, kv: str = "f32") -> int:
+    """The largest max_seq in 1..cap whose arena (as plan_arena() plans it) fits `room` bytes; 0 if
+    none does. The arena grows with max_seq (the caches and the scores do; the default block too)."""
+    def fits(n: int) -> bool:
+        return plan_arena(spec, n, block, q8, max_block, kv).arena_bytes <= room
+
+    if block and block > 1:
+        cap = max(cap, block)  # a block longer than max_seq is refused by the plan, not sized
+        lo = block
+    else:
+        lo = 1
+    if not fits(lo):
+        return 0
+    hi = cap
+    while lo < hi:  # invariant: fits(lo)
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

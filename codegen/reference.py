@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .format import KV_DTYPES
 from .spec import ModelSpec, canonical_names
 
 F32 = np.float32
@@ -145,6 +146,17 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
     return (q * (amax / F32(127.0))[:, None]).reshape(-1)[:n]
 
 
+def kv_round(x: np.ndarray, kv: str) -> np.ndarray:
+    """One position's keys or values (n_kv_heads, head_dim) as a `kv` cache holds them, back in float32:
+    f16 rounded to nearest even; int8 per head as the runtime quantizes it (the steps of quantize_q8 with
+    a block of head_dim: round-half-away(x * 127 / max|x|), scale max|x| / 127)."""
+    if kv == "f16":
+        return x.astype(np.float16).astype(F32)
+    if kv == "int8":
+        return quantize_q8(x, block=x.shape[-1]).reshape(x.shape)
+    return x
+
+
 class Reference:
     """Greedy-decodable Mixtral in numpy float32 with a KV cache of `max_seq` positions.
 
@@ -154,8 +166,11 @@ class Reference:
     """
 
     def __init__(self, spec: ModelSpec, weights: Mapping[str, np.ndarray] | WeightSource,
-                 max_seq: int | None = None, cache_bytes: int | None = None) -> None:
+                 max_seq: int | None = None, cache_bytes: int | None = None, kv: str = "f32") -> None:
+        if kv not in KV_DTYPES:
+            raise ValueError(f"KV cache precision {kv!r} not one of {', '.join(KV_DTYPES)}")
         self.spec = spec
+        self.kv = kv
         self.max_seq = spec.max_position if max_seq is None else int(max_seq)
         if self.max_seq <= 0:
             raise ValueError(f"max_seq must be positive, got {self.max_seq}")
@@ -217,8 +232,8 @@ class Reference:
             q = np.stack([rms_norm(h, w[p + "attn.q_norm"], s.rms_eps) for h in q])
             k = np.stack([rms_norm(h, w[p + "attn.k_norm"], s.rms_eps) for h in k])
         cos, sin = rope_cos_sin(self.inv_freq, self.pos)
-        self.k_cache[layer, self.pos] = apply_rope(k, cos, sin)
-        self.v_cache[layer, self.pos] = v
+        self.k_cache[layer, self.pos] = kv_round(apply_rope(k, cos, sin), self.kv)
+        self.v_cache[layer, self.pos] = kv_round(v, self.kv)
         q = apply_rope(q, cos, sin)
         n = self.pos + 1
         group = s.n_heads // s.n_kv_heads

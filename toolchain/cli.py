@@ -43,7 +43,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
         prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
-        max_prefill_block=layout_max_prefill_block(a.layout), tokenizer=not a.no_tokenizer,
+        max_prefill_block=layout_max_prefill_block(a.layout), tokenizer=not a.no_tokenizer, kv=a.kv,
     )
     try:
         res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
@@ -208,6 +208,8 @@ def parser() -> argparse.ArgumentParser:
                    help="built-in prompt token ids (default: the checkpoint's colibri.json, else 3,17,42)")
     e.add_argument("--generate", type=int, default=0,
                    help="tokens the built-in demo generates (default: the checkpoint's colibri.json, else 16)")
+    e.add_argument("--kv", default="f32", choices=["f32", "f16", "int8"],
+                   help="KV cache precision: f32, f16, or int8 per head per position with an f32 scale")
     e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
     e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
     e.add_argument("--prune-experts", metavar="CALIB", default=None,

@@ -156,6 +156,31 @@ def firmware_spec(t: Target) -> Firmware:
                     insn_per_tick)
 
 
+# RAM the runtime and the application keep outside the arena (.data, .bss: console buffers, the demo's
+# token arrays) when they share the arena's region: reserved by MAX_SEQ=auto before the image is
+# linked, which is when their exact size is known; the link's region check has the last word.
+DATA_BSS_RESERVE = 8192
+
+
+def arena_room(fw: Firmware) -> tuple[str, int, str]:
+    """(the arena's region, the bytes the arena may take there, how they were found): the region's
+    length in the smaller of the part's and QEMU's maps, less the stack reservation and
+    DATA_BSS_RESERVE where the stack or .data/.bss share the region."""
+    room, why = None, ""
+    for v in (fw.part, fw.qemu_variant):
+        region = {r.name: r for r in v.regions}[v.place["arena"]]
+        shared = [k for k in ("stack", "data", "bss") if v.place.get(k) == region.name]
+        left = region.length - (fw.stack_bytes if "stack" in shared else 0) - (
+            DATA_BSS_RESERVE if {"data", "bss"} & set(shared) else 0)
+        if room is None or left < room:
+            room = left
+            why = (f"{region.name} {region.length:,} B" + (f" less stack {fw.stack_bytes:,} B" if "stack" in shared
+                                                            else "")
+                   + (f" less .data/.bss {DATA_BSS_RESERVE:,} B" if {"data", "bss"} & set(shared) else ""))
+    assert room is not None
+    return fw.part.place["arena"], room, why
+
+
 def _icount_shift(runner: tuple[str, ...]) -> int | None:
     """N of `-icount shift=N` in a QEMU command (each instruction = 2^N ns of virtual time)."""
     for flag, value in zip(runner, runner[1:], strict=False):

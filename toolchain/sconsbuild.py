@@ -65,18 +65,61 @@ def _activations(arg: str) -> bool:
     return arg == "int8"
 
 
+def _kv(arg: str) -> str:
+    from colibri.codegen.format import KV_DTYPES
+
+    if arg not in KV_DTYPES:
+        _fail(f"KV={arg}: expected one of {', '.join(KV_DTYPES)}")
+    return arg
+
+
+def _max_seq(arg: str) -> int | str:
+    return "auto" if arg == "auto" else int(arg)
+
+
+def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
+    """MAX_SEQ=auto on a firmware target: the largest max_seq whose arena fits the RAM left in the
+    arena's region after everything else placed there (printed)."""
+    from colibri.codegen.checkpoint import open_checkpoint
+    from colibri.codegen.errors import ExportError
+    from colibri.codegen.export import MAX_SEQ_LIMIT
+    from colibri.codegen.layout import uses_q8
+    from colibri.codegen.plan import largest_max_seq, plan_arena
+
+    from .firmware import arena_room, firmware_spec
+
+    if t.kind != "firmware":
+        _fail(f"MAX_SEQ=auto: target {t.name} is not a firmware target (give MAX_SEQ=<positions>)")
+    try:
+        spec = open_checkpoint(ckpt).spec
+        region, room, why = arena_room(firmware_spec(t))
+    except (ExportError, TargetError) as e:
+        _fail(str(e))
+        raise
+    q8 = o["int8_activations"] and uses_q8(spec, o["quant"], o["group_size"])
+    block = o["prefill_block"] or None
+    n = largest_max_seq(spec, room, MAX_SEQ_LIMIT, block, q8, o["max_prefill_block"], o["kv"])
+    if not n:
+        _fail(f"MAX_SEQ=auto: target {t.name}: not even one position's arena fits the {room:,} B left in {why}")
+    arena = plan_arena(spec, n, block, q8, o["max_prefill_block"], o["kv"]).arena_bytes
+    print(f"MAX_SEQ=auto for {t.name}: max_seq {n}, arena {arena:,} B of the {room:,} B left in {why} "
+          f"(KV cache {o['kv']})")
+    return n
+
+
 def _options(arguments: dict) -> dict:
     """The export options of the command line (the exporter's defaults for those not given)."""
     d = export_defaults()
     try:
         return {
             "quant": arguments.get("QUANT", d["quant"]),
-            "max_seq": int(arguments.get("MAX_SEQ", d["max_seq"])),
+            "max_seq": _max_seq(arguments.get("MAX_SEQ", str(d["max_seq"]))),
             "group_size": int(arguments.get("GROUP_SIZE", d["group_size"])),
             # None: the quantization's own default (quantize.default_outlier_frac)
             "outlier_frac": float(arguments["OUTLIER_FRAC"]) if "OUTLIER_FRAC" in arguments else d["outlier_frac"],
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
+            "kv": _kv(arguments.get("KV", d["kv"])),
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
@@ -159,18 +202,21 @@ def build_all(arguments: dict) -> None:
         raise
     key = name + option_suffix(opts, export_defaults())
     base = _base_env(arguments)
-    gens: dict[tuple[str, int], dict] = {}  # one export per weight layout and prefill limit the targets declare
+    gens: dict[tuple, dict] = {}  # one export per weight layout, prefill limit (and auto max_seq) of the targets
     outputs = []
     for t in targets:
         if t.kind not in ("linux", "firmware"):
             _fail(f"target {t.name}: kind {t.kind!r} is not built by this version")
         if sanitize and t.kind == "firmware":
             _fail(f"target {t.name}: SANITIZE is for Linux targets, not firmware")
-        export_key = (t.weight_layout, t.max_prefill_block)
+        t_opts = {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block}
+        auto = opts["max_seq"] == "auto"
+        if auto:
+            t_opts["max_seq"] = _auto_max_seq(t, ckpt, t_opts)
+        export_key = (t.weight_layout, t.max_prefill_block, t_opts["max_seq"])
         if export_key not in gens:
-            gens[export_key] = base.ColibriExport(
-                ckpt, build / "gen" / key / gen_dir(opts["quant"], *export_key),
-                {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block})
+            gen = gen_dir(opts["quant"], *export_key[:2]) + (f"-seq{t_opts['max_seq']}" if auto else "")
+            gens[export_key] = base.ColibriExport(ckpt, build / "gen" / key / gen, t_opts)
         out = build / target_dir(t.name, sanitize, kernels == "scalar") / key
         env = _target_env(base, t, sanitize, kernels == "scalar")
         if t.kind == "firmware":

@@ -58,19 +58,24 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
     return CB_FIRST_LAYER + n_dense * dense + (m->n_layers - n_dense) * moe + (m->tied ? 1 : 2);
 }
 
-/* f32 elements of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold
- * one row per token of a prefill block */
-static void cb_buffer_elems(const cb_model *m, uint64_t n[CB_N_BUFFERS])
+/* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
+ * token of a prefill block; the caches hold n_layers * max_seq rows of cb_kv_row_bytes, and with a
+ * 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
+static void cb_buffer_bytes(const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
-    uint64_t kv = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_mul(m->n_kv_heads, m->head_dim));
-    uint64_t qdim = cb_mul(m->n_heads, m->head_dim), b = m->block;
-    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = kv;
+    uint64_t kvdim = cb_mul(m->n_kv_heads, m->head_dim), b = m->block;
+    uint64_t qdim = cb_add(cb_mul(m->n_heads, m->head_dim), m->flags & CB_FLAG_KV ? cb_mul(2, kvdim) : 0);
+    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_kv_row_bytes(m));
     n[CB_BUF_X] = n[CB_BUF_XB] = n[CB_BUF_MOE] = cb_mul(b, m->hidden);
-    n[CB_BUF_Q] = n[CB_BUF_ATT] = cb_mul(b, qdim);
+    n[CB_BUF_Q] = cb_mul(b, qdim);
+    n[CB_BUF_ATT] = cb_mul(b, cb_mul(m->n_heads, m->head_dim));
     n[CB_BUF_SCORES] = m->max_seq;
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
+    for (int i = 0; i < CB_N_BUFFERS; i++)
+        if (i != CB_BUF_KEY_CACHE && i != CB_BUF_VALUE_CACHE)
+            n[i] = cb_mul(n[i], sizeof(float));
 }
 
 /* --------------------------------------------------------------- header */
@@ -88,6 +93,8 @@ static colibri_status cb_check_features(cb_check *v, uint32_t flags)
     memcpy(&m->routed_scale, b + CB_H_ROUTED_SCALE, sizeof m->routed_scale);
     if ((flags & ~CB_FLAG_TIED) && minor < CB_MINOR_FEATURES)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: a feature in a blob whose minor predates them */
+    if ((flags & CB_FLAG_KV) == CB_FLAG_KV)
+        return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: both KV_F16 and KV_INT8 */
     if ((flags & CB_FLAG_QK_NORM) == CB_FLAG_QK_NORM)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: both QK_NORM_HEAD and QK_NORM_FULL */
     if ((flags & CB_FLAG_SHARED_GATE) && !(flags & CB_FLAG_SHARED_EXPERT))
@@ -183,10 +190,10 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* rms_eps: negative or not finite */
     if (m->n_layers > CB_MAX_LAYERS || m->n_experts > CB_MAX_EXPERTS)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
-    uint64_t elems[CB_N_BUFFERS];
-    cb_buffer_elems(m, elems);
+    uint64_t bytes[CB_N_BUFFERS];
+    cb_buffer_bytes(m, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
-    if (cb_mul(elems[CB_BUF_KEY_CACHE], 4) >= SIZE_MAX || cb_mul(elems[CB_BUF_Q], 4) >= SIZE_MAX
+    if (bytes[CB_BUF_KEY_CACHE] >= SIZE_MAX || bytes[CB_BUF_Q] >= SIZE_MAX
         || cb_rd64(b + CB_H_ARENA_BYTES) >= SIZE_MAX || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* arena_bytes or a buffer's size: beyond size_t */
     m->layout = cb_rd32(b + CB_H_LAYOUT);
@@ -335,10 +342,9 @@ static colibri_status cb_check_plan(cb_check *v)
     const int n_buffers = (int)m->n_buffers;
     if (cb_rd32(b + CB_H_N_BUFFERS) != m->n_buffers)
         return CB_BAD(COLIBRI_E_BAD_PLAN); /* n_buffers: not what the flags imply */
-    cb_buffer_elems(m, bytes);
+    cb_buffer_bytes(m, bytes);
     for (int i = 0; i < n_buffers; i++) {
         off[i] = cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * (size_t)i);
-        bytes[i] = cb_mul(bytes[i], sizeof(float));
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)
             return CB_BAD(COLIBRI_E_BAD_PLAN); /* buffer_offset: unaligned, on the context, or past arena_bytes */
     }

@@ -90,8 +90,12 @@
 #define CB_FLAG_SHARED_GATE (1u << 6)
 #define CB_FLAG_DENSE_LAYERS (1u << 7)
 #define CB_FLAG_ROUTED_SCALE (1u << 8)
-#define CB_FLAGS_KNOWN 0x1FFu
+#define CB_FLAG_KV_F16 (1u << 14)
+#define CB_FLAG_KV_INT8 (1u << 15)
+#define CB_FLAGS_KNOWN 0xC1FFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
+#define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
+#define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
 
 /* weight layouts, dtypes */
 #define CB_LAYOUT_ROWS 1u

@@ -100,6 +100,7 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_SPEC_INT8_ACTS 0
 #endif
 #define CB_INT8_ACTS(c) ((void)(c), CB_SPEC_INT8_ACTS)
+#define CB_KV(c) ((void)(c), (uint32_t)COLIBRI_FLAGS & CB_FLAG_KV)
 #else
 #define CB_VOCAB(c) ((size_t)(c)->m.vocab)
 #define CB_HIDDEN(c) ((size_t)(c)->m.hidden)
@@ -116,6 +117,7 @@ _Static_assert(COLIBRI_HEAD_DIM % 2 == 0 && COLIBRI_N_HEADS % COLIBRI_N_KV_HEADS
 #define CB_SHARED_FFN(c) ((size_t)(c)->m.shared_ffn)
 #define CB_DENSE_FFN(c) ((size_t)(c)->m.dense_ffn)
 #define CB_INT8_ACTS(c) ((c)->m.xq_off != 0)
+#define CB_KV(c) ((c)->m.flags & CB_FLAG_KV)
 #endif
 
 /* ------------------------------------------------------------ blob fields */
@@ -152,6 +154,16 @@ static inline int cb_is_q8(const cb_model *m, unsigned dtype, uint64_t cols, uin
     if (cb_is_int4(dtype))
         return m->xq_off != 0;
     return m->xq_off && (dtype == CB_I8 || dtype == CB_I8C) && cols % CB_Q8_BLOCK == 0 && group % CB_Q8_BLOCK == 0;
+}
+
+/* Bytes of one position's keys (or values) in one layer's cache (codegen/format.py kv_row_bytes): f32 or
+ * f16 elements; int8: the n_kv_heads * head_dim values padded to 4 bytes, then one f32 scale per head. */
+static inline uint64_t cb_kv_row_bytes(const cb_model *m)
+{
+    uint64_t n = cb_mul(m->n_kv_heads, m->head_dim);
+    if (m->flags & CB_FLAG_KV_INT8)
+        return cb_add(cb_mul(cb_add(n, 3) / 4, 4), cb_mul(CB_KV_SCALE_BYTES, m->n_kv_heads));
+    return cb_mul(n, m->flags & CB_FLAG_KV_F16 ? 2 : 4);
 }
 
 /* Bytes of one token's quantized activations (codegen/layout.py xq_row_bytes): q for the widest matrix

@@ -205,22 +205,62 @@ static void cb_qk(const colibri_ctx *c, size_t base, const cb_slots *s, float *q
     cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, CB_T_ROPE_FREQ), pos);
 }
 
+/* Layer l's cache rows (value: the value cache, else the key cache) from position pos: cb_kv_row_bytes
+ * each, in the precision the blob's flags say (FORMAT.md "KV cache"). */
+static uint8_t *cb_kv_rows(const colibri_ctx *c, int value, size_t l, size_t pos)
+{
+    uint8_t *cache = (uint8_t *)c->buf[value ? CB_BUF_VALUE_CACHE : CB_BUF_KEY_CACHE];
+    return cache + (l * CB_MAX_SEQ(c) + pos) * (size_t)cb_kv_row_bytes(&c->m);
+}
+
+/* One position's new keys (or values) k, f32, into its row of a 16- or 8-bit cache. */
+static void cb_kv_store(const colibri_ctx *c, uint8_t *row, const float *k)
+{
+    const size_t hd = CB_HEAD_DIM(c), n_kv = CB_N_KV_HEADS(c), kvdim = n_kv * hd;
+    if (CB_KV(c) & CB_FLAG_KV_F16) {
+        uint16_t *h = (uint16_t *)(void *)row;
+        for (size_t i = 0; i < kvdim; i++)
+            h[i] = cb_f32_to_f16(k[i]); /* round to nearest even */
+        return;
+    }
+    float *scale = (float *)(void *)(row + (kvdim + 3) / 4 * 4); /* after the int8 values, 4-byte aligned */
+    for (size_t h = 0; h < n_kv; h++)
+        cb_kv_quantize(k + h * hd, hd, (int8_t *)row + h * hd, scale + h);
+}
+
 /* Step 3: causal attention of position pos (query q) over the cached keys/values 0..pos, into att */
 static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_all, float *att_all)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
-    const float *keys = c->buf[CB_BUF_KEY_CACHE] + l * CB_MAX_SEQ(c) * kvdim;
-    const float *values = c->buf[CB_BUF_VALUE_CACHE] + l * CB_MAX_SEQ(c) * kvdim;
+    const uint32_t kv_type = CB_KV(c);
+    const uint8_t *keys = cb_kv_rows(c, 0, l, 0), *values = cb_kv_rows(c, 1, l, 0);
+    const size_t row = (size_t)cb_kv_row_bytes(&c->m), scale_at = (kvdim + 3) / 4 * 4; /* int8: the scales */
     const float scale = 1.0f / cb_sqrtf((float)hd);
     float *scores = c->buf[CB_BUF_SCORES];
     for (size_t h = 0; h < n_heads; h++) {
         const float *q = q_all + h * hd;
         float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
-        cb_scores(scores, q, keys + kv, kvdim, pos + 1, hd, scale);
-        cb_softmax(scores, pos + 1);
-        cb_weighted_rows(att, scores, values + kv, kvdim, pos + 1, hd);
+        if (kv_type & CB_FLAG_KV_F16) {
+            const uint16_t *k16 = (const uint16_t *)(const void *)keys, *v16 = (const uint16_t *)(const void *)values;
+            cb_scores_f16(scores, q, k16 + kv, row / 2, pos + 1, hd, scale);
+            cb_softmax(scores, pos + 1);
+            cb_weighted_rows_f16(att, scores, v16 + kv, row / 2, pos + 1, hd);
+        } else if (kv_type & CB_FLAG_KV_INT8) {
+            const float *ks = (const float *)(const void *)(keys + scale_at) + h / group;
+            const float *vs = (const float *)(const void *)(values + scale_at) + h / group;
+            cb_scores_i8(scores, q, (const int8_t *)keys + kv, row, ks, row / 4, pos + 1, hd, scale);
+            cb_softmax(scores, pos + 1);
+            for (size_t t = 0; t <= pos; t++) /* each position's value scale folded into its weight */
+                scores[t] = scores[t] * vs[t * (row / 4)];
+            cb_weighted_rows_i8(att, scores, (const int8_t *)values + kv, row, pos + 1, hd);
+        } else {
+            const float *k32 = (const float *)(const void *)keys, *v32 = (const float *)(const void *)values;
+            cb_scores(scores, q, k32 + kv, kvdim, pos + 1, hd, scale);
+            cb_softmax(scores, pos + 1);
+            cb_weighted_rows(att, scores, v32 + kv, kvdim, pos + 1, hd);
+        }
     }
 }
 
@@ -331,8 +371,8 @@ typedef struct cb_block_rows {
     float *xb[CB_MAX_BLOCK];  /* normed input of attention, then of the MLP or experts */
     float *q[CB_MAX_BLOCK];   /* queries */
     float *att[CB_MAX_BLOCK]; /* attention output */
-    float *k[CB_MAX_BLOCK];   /* this layer's key cache rows of the block's positions */
-    float *v[CB_MAX_BLOCK];   /* and its value cache rows */
+    float *k[CB_MAX_BLOCK];   /* this layer's key cache rows of the block's positions (16/8-bit cache: */
+    float *v[CB_MAX_BLOCK];   /* and its value cache rows                  their f32 rows in the q buffer) */
     float *moe[CB_MAX_BLOCK]; /* the MLP's or the experts' output */
 } cb_block_rows;
 
@@ -346,8 +386,14 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos
     const cb_slots s = cb_layer_slots(CB_FLAGS(c), (uint32_t)CB_N_EXPERTS(c), dense);
     const float *const *xb = (const float *const *)r->xb;
     cb_xq xq[CB_MAX_BLOCK];
-    cb_rows(c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->k);
-    cb_rows(c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->v);
+    if (CB_KV(c)) { /* the new k and v rows in f32 after the q rows (FORMAT.md "Arena"), stored after rotary */
+        float *staged = c->buf[CB_BUF_Q] + c->m.block * CB_N_HEADS(c) * CB_HEAD_DIM(c);
+        cb_rows(staged, kvdim, n, r->k);
+        cb_rows(staged + c->m.block * kvdim, kvdim, n, r->v);
+    } else {
+        cb_rows(c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->k);
+        cb_rows(c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->v);
+    }
 
     for (size_t j = 0; j < n; j++) /* 0: attention norm */
         cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.attn_norm), dim, eps);
@@ -357,6 +403,10 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos
     cb_mm(c, base + s.wv, n, xb, xbq, r->v, cb_ones, 0);
     for (size_t j = 0; j < n; j++) {
         cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
+        if (CB_KV(c)) {
+            cb_kv_store(c, cb_kv_rows(c, 0, l, pos + j), r->k[j]);
+            cb_kv_store(c, cb_kv_rows(c, 1, l, pos + j), r->v[j]);
+        }
         cb_attention(c, l, pos + j, r->q[j], r->att[j]);       /* 3 */
     }
     const float *const *att = (const float *const *)r->att; /* 4: x += Wo att */

@@ -70,6 +70,15 @@ static inline void cb_weighted_rows(float *restrict out, const float *restrict w
     cb_weighted_rows_isa(out, w, rows, stride, n, len);
 }
 
+/* cb_scores and cb_weighted_rows over a 16-bit (f16) or 8-bit (int8, a scale per head per position) KV
+ * cache, and the int8 cache's quantization of one head (arch/scalar/attn.h): scalar on every target, so
+ * bit for bit the same everywhere. */
+#define cb_scores_f16 cb_scores_f16_scalar
+#define cb_scores_i8 cb_scores_i8_scalar
+#define cb_weighted_rows_f16 cb_weighted_rows_f16_scalar
+#define cb_weighted_rows_i8 cb_weighted_rows_i8_scalar
+#define cb_kv_quantize cb_kv_quantize_scalar
+
 /* v[i] = exp(v[i] - max) / sum: max the largest v[i] (NaNs skipped unless v[0] is one), exp cb_expf,
  * sum the eight partial sums of cb_dot (element i into sum i % 8) combined in its order. */
 void cb_softmax(float *v, size_t n);
