@@ -19,7 +19,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
     Exit,
 )
 
-from .csources import FLOAT_CFLAGS, OPT_CFLAGS, RUNTIME_DIR, WARN_CFLAGS
+from .csources import COMMON_CFLAGS, RUNTIME_DIR
 from .scons import compiledb, export, firmware, linux, safe
 from .scons.layout import (
     OUTPUT_LINE,
@@ -38,8 +38,6 @@ DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firm
 TOOLS = (safe, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
-COMMON_CFLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g", "-fvisibility=hidden", "-ffunction-sections",
-                 "-fdata-sections"]
 
 
 def _fail(message: str) -> None:
@@ -104,7 +102,7 @@ def _target_env(base, t: Target, sanitize: list[str], scalar: bool):
     stack = ["-fstack-usage"] + (["-fcallgraph-info=su"] if t.cc_argv[0].endswith("gcc") else [])
     env = base.Clone(
         CC=escape(t.cc), AR=escape(t.tool("ar")), RANLIB=escape(t.tool("ranlib")),
-        CCFLAGS=COMMON_CFLAGS + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
+        CCFLAGS=list(COMMON_CFLAGS) + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
         CPPPATH=[dir_node(base, RUNTIME_DIR / "include")], COLIBRI_TARGET=t.name,
     )
     if sanitize:

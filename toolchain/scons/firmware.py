@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC
+from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES
 from ..firmware import (
     COMMON_SRC,
     FAMILIES,
@@ -56,7 +56,7 @@ def _envs(env, t: Target, gen: dict):
     fenv = env.Clone(CCFLAGS=cflags + ["-fstack-usage", "-fcallgraph-info=su"],
                      CPPPATH=env["CPPPATH"] + [gen["model.h"].dir, dir_node(env, FW_DIR / "common")],
                      ASPPFLAGS=escape_all(t.cflags))
-    return fenv, fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"])
+    return fenv, fenv.Clone(CPPDEFINES=list(SPECIALISED_DEFINES))
 
 
 def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple[list, list, list]:
