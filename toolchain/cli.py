@@ -70,6 +70,10 @@ def cmd_project(a: argparse.Namespace) -> int:
     opts = _export_options(a, layout, t.max_prefill_block)
     try:
         res = generate(a.ckpt, a.out, t, opts, report=print)
+    except ValueError as e:  # a target string no build file can hold (escape.py)
+        if a.debug:
+            raise
+        return _fail(f"targets/{t.name}.toml: {e}")
     except OSError as e:
         if a.debug:
             raise

@@ -1,7 +1,8 @@
 r"""User strings (target flags, names, descriptions) written into the build files of a project folder.
 
 One function per syntax; each gives back, after that syntax's parsing, exactly the string it was given:
-  cmake_quoted   a CMake quoted argument: "..." with \\ \" \$ \; \n \r \t escaped
+  cmake_quoted   a CMake quoted argument: "..." with \\ \" \$ \n \r \t escaped
+  cmake_list     list elements, each quoted; an element cannot hold `;` (CMake's list separator): ValueError
   make_shell     one word of a Make recipe run by sh: quoted for sh, then `$` doubled and `#` escaped for Make
   cmake_comment / text_line   a string on one line of a comment or of prose (line breaks become spaces)
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-_CMAKE = {"\\": "\\\\", '"': '\\"', "$": "\\$", ";": "\\;", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_CMAKE = {"\\": "\\\\", '"': '\\"', "$": "\\$", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def cmake_quoted(text: str) -> str:
@@ -19,6 +20,9 @@ def cmake_quoted(text: str) -> str:
 
 
 def cmake_list(items) -> str:
+    bad = [i for i in items if ";" in str(i)]
+    if bad:
+        raise ValueError(f"{bad[0]!r}: a `;` cannot be part of one CMake list element (a flag)")
     return " ".join(cmake_quoted(i) for i in items)
 
 

@@ -12,6 +12,7 @@ path of this machine, no date, files in a fixed order.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,11 +149,17 @@ def generate(ckpt: str | Path, out: str | Path, t: Target, opts: ExportOptions,
     return ProjectResult(name, out, sorted([*files, MARKER]), missing)
 
 
+def pio_name(name: str) -> str:
+    """The registry's slug form: a-z, digits, single dashes, at most 50 characters."""
+    slug = "-".join(p for p in re.split(r"[^a-z0-9]+", f"colibri-{name}".lower()) if p)
+    return slug[:50].rstrip("-")
+
+
 def library_json(ctx: dict) -> dict:
     """The PlatformIO library manifest (library.json): the runtime and the model as one library."""
     flags = [*ctx["target_defines"], *(f"-D{d}" for d in ctx["library_defines"]), "-Iinclude", "-Imodel"]
     return {
-        "name": f"colibri_{ctx['name']}",
+        "name": pio_name(ctx["name"]),
         "version": ctx["version"],
         "description": f"The colibri MoE runtime with the model {ctx['name']} linked in "
                        f"(exported for {escape.text_line(ctx['target'])})",
