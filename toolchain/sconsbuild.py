@@ -20,7 +20,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
 )
 
 from .csources import COMMON_CFLAGS, RUNTIME_DIR
-from .scons import compiledb, export, firmware, linux, safe
+from .scons import compiledb, export, firmware, launcher, linux, safe
 from .scons.layout import (
     OUTPUT_LINE,
     LayoutError,
@@ -35,7 +35,7 @@ from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-TOOLS = (safe, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
+TOOLS = (safe, launcher, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 
@@ -84,6 +84,11 @@ def _base_env(arguments: dict):
     env = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     for tool in TOOLS:
         tool.generate(env)
+    try:  # CC_LAUNCHER=ccache|distcc|..., DISTCC=1: every C compile runs through it (toolchain/scons/launcher.py)
+        launcher.use(env, launcher.parse(arguments))
+    except launcher.LauncherError as e:
+        _fail(str(e))
+        raise
     if arguments.get("CACHE"):
         # env.CacheDir() substitutes the path in a mode that no escaping survives (`$$(` loses its
         # parenthesis): set what it sets, then let SCons create the directory as CacheDir() would.

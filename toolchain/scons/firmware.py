@@ -25,10 +25,11 @@ from ..firmware import (
 from ..targets import Target, TargetError
 from .compiledb import Objects
 from .files import copy, write_text
+from .launcher import PREFIX as LAUNCHER_PREFIX
 from .safe import dir_node, escape_all, file_node, flag_path
 
 # One object plus its stack usage (.su) and call graph (.ci), built, cached and cleaned together.
-C_COM = "$CC -o ${TARGETS[0]} -c $CFLAGS $CCFLAGS $_CCCOMCOM $SOURCES"
+C_COM = f"{LAUNCHER_PREFIX} $CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM $SOURCES"
 
 
 def _compile(env, objs: Objects, stem: str, src, defines: tuple[str, ...] = ()):
