@@ -94,6 +94,17 @@ target_link_libraries(app PRIVATE colibri::{name})
 """
 
 
+FW_CONSUMER = """cmake_minimum_required(VERSION 3.16)
+project(consumer C ASM)
+find_package(colibri_{name} REQUIRED)
+set(fw ${{colibri_{name}_DIR}}/../../../share/colibri_{name}/firmware)
+add_executable(app {sources})
+target_include_directories(app PRIVATE ${{fw}}/common)
+target_link_options(app PRIVATE -nostartfiles -T ${{fw}}/{name}-qemu.ld)
+target_link_libraries(app PRIVATE colibri::{name})
+"""
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_project_builds_and_runs_like_scons(target, ckpt, build_model, tmp_path):
     require_target(target)
@@ -122,14 +133,19 @@ def test_project_builds_and_runs_like_scons(target, ckpt, build_model, tmp_path)
         scons_elf = scons_program(build_model, ckpt, target)
         assert size_regions(program, target) == size_regions(scons_elf, target)
         assert size_regions(made, target) == size_regions(scons_elf, target)
-        return
     prefix = tmp_path / "prefix"
     run(["cmake", "--install", str(build), "--prefix", str(prefix)], env=env)
     consumer = tmp_path / "consumer"
-    (consumer / "demo").mkdir(parents=True)
-    for f in ("colibri_demo.c", "demo_common.c", "demo_common.h"):
-        shutil.copy(folder / "demo" / f, consumer / "demo" / f)
-    (consumer / "CMakeLists.txt").write_text(CONSUMER.format(name=MODEL))
+    if t.kind == "linux":
+        (consumer / "demo").mkdir(parents=True)
+        for f in ("colibri_demo.c", "demo_common.c", "demo_common.h"):
+            shutil.copy(folder / "demo" / f, consumer / "demo" / f)
+        (consumer / "CMakeLists.txt").write_text(CONSUMER.format(name=MODEL))
+    else:  # the firmware application the folder installs, linked at QEMU's addresses against colibri::<model>
+        consumer.mkdir()
+        (consumer / "CMakeLists.txt").write_text(FW_CONSUMER.format(name=MODEL, sources=" ".join(
+            f"${{fw}}/{u.removeprefix('firmware/')}" for u in json.loads((folder / MARKER).read_text())["files"]
+            if u.startswith("firmware/") and u.endswith((".c", ".S")))))
     cmake_build(consumer, tmp_path / "cb", env, folder / "cmake/toolchain.cmake", f"-DCMAKE_PREFIX_PATH={prefix}")
     assert tokens_of(target, tmp_path / "cb" / "app") == want
 
