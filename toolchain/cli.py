@@ -36,15 +36,21 @@ def cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(a: argparse.Namespace) -> int:
-    from colibri.codegen.export import ExportOptions, export
+def _export_options(a: argparse.Namespace, layout: str, max_prefill_block: int):
+    from colibri.codegen.export import ExportOptions
 
-    opts = ExportOptions(
+    return ExportOptions(
         quant=a.quant, group_size=a.group_size, outlier_frac=a.outlier_frac, max_seq=a.max_seq,
-        prefill_block=a.prefill_block, layout=a.layout, int8_activations=not a.float_activations,
+        prefill_block=a.prefill_block, layout=layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
-        max_prefill_block=layout_max_prefill_block(a.layout), tokenizer=not a.no_tokenizer, kv=a.kv,
+        max_prefill_block=max_prefill_block, tokenizer=not a.no_tokenizer, kv=a.kv,
     )
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from colibri.codegen.export import export
+
+    opts = _export_options(a, a.layout, layout_max_prefill_block(a.layout))
     try:
         res = export(a.ckpt, a.out, opts, report=print, terminal=sys.stderr)
     except OSError as e:  # the checkpoint's files are read through safeio: this is the output side
@@ -83,6 +89,30 @@ def cmd_detokenize(a: argparse.Namespace) -> int:
             raise
         return _fail(f"{a.model}: {e}")
     print(text)
+    return 0
+
+
+def cmd_project(a: argparse.Namespace) -> int:
+    """A self-contained CMake/Make folder of the model for one target (toolchain/project/)."""
+    from .project.generate import generate
+
+    t = load_target(a.target)
+    layout = a.layout or t.weight_layout
+    opts = _export_options(a, layout, t.max_prefill_block)
+    try:
+        res = generate(a.ckpt, a.out, t, opts, report=print)
+    except ValueError as e:  # a target string no build file can hold (escape.py)
+        if a.debug:
+            raise
+        return _fail(f"targets/{t.name}.toml: {e}")
+    except OSError as e:
+        if a.debug:
+            raise
+        return _fail(f"{a.out}: cannot write the project: {_os_error(e)}")
+    print(f"wrote {res.out_dir}/: {len(res.files)} files, library colibri::{res.name} for {t.name}")
+    if res.missing:
+        print(f"colibri: target {t.name}: {', '.join(res.missing)} not found here; the folder's README names "
+              f"the package ({t.install_hint()})", file=sys.stderr)
     return 0
 
 
@@ -165,9 +195,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} -h)\n")
 
 
+def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) -> None:
+    """The options of `colibri export`, which `colibri project` takes too."""
+    from colibri.codegen.format import KV_DTYPES
+    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, INT4C_OUTLIER_FRAC, QUANTS
+
+    e.add_argument("ckpt")
+    e.add_argument("-o", "--out", required=True)
+    e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
+    e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
+    e.add_argument("--outlier-frac", type=float, default=None,
+                   help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
+                        f"{INT4C_OUTLIER_FRAC} for int4c)")
+    e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
+    e.add_argument("--prefill-block", type=int, default=0,
+                   help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
+                        "max_prefill_block of the targets with the --layout (rows: 32) (more arena, faster prefill; "
+                        "0: as many as keep those buffers within the KV cache's size)")
+    e.add_argument("--float-activations", action="store_true",
+                   help="int8/int8c matrices take float activations (slower; the rounding of int8 activations "
+                        "is then absent from the error)")
+    e.add_argument("--layout", default=layout_default, choices=["tiled16", "rows"],
+                   help="order of the int8 matrices: 16-row tiles for SIMD kernels (x86, NEON, RVV), rows for "
+                        "microcontrollers (MVE, DSP); `colibri build` and `colibri project` take the target's")
+    e.add_argument("--prompt", type=_tokens, default=None,
+                   help="built-in prompt token ids (default: the checkpoint's colibri.json, else 3,17,42)")
+    e.add_argument("--generate", type=int, default=0,
+                   help="tokens the built-in demo generates (default: the checkpoint's colibri.json, else 16)")
+    e.add_argument("--kv", default="f32", choices=KV_DTYPES,
+                   help="KV cache precision: f32, f16, or int8 per head per position with an f32 scale")
+    e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
+    e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
+    e.add_argument("--prune-experts", metavar="CALIB", default=None,
+                   help="drop experts the calibration set (token ids, a sequence per line) never routes to")
+
+
 def parser() -> argparse.ArgumentParser:
     from colibri.codegen.importers import FAMILIES
-    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, INT4C_OUTLIER_FRAC, QUANTS
+    from colibri.codegen.quantize import DEFAULT_QUANT, QUANTS
 
     p = _Parser(prog="colibri", description="MoE checkpoints to C, for any target.")
     p.add_argument("--debug", action="store_true", help="show a traceback instead of the one-line error")
@@ -186,35 +251,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_synth)
 
     e = sub.add_parser("export", help="quantize a checkpoint and generate C sources")
-    e.add_argument("ckpt")
-    e.add_argument("-o", "--out", required=True)
-    e.add_argument("--quant", default=DEFAULT_QUANT, choices=QUANTS)
-    e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
-    e.add_argument("--outlier-frac", type=float, default=None,
-                   help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
-                        f"{INT4C_OUTLIER_FRAC} for int4c)")
-    e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
-    e.add_argument("--prefill-block", type=int, default=0,
-                   help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
-                        "max_prefill_block of the targets with the --layout (rows: 32) (more arena, faster prefill; "
-                        "0: as many as keep those buffers within the KV cache's size)")
-    e.add_argument("--float-activations", action="store_true",
-                   help="int8/int8c matrices take float activations (slower; the rounding of int8 activations "
-                        "is then absent from the error)")
-    e.add_argument("--layout", default="tiled16", choices=["tiled16", "rows"],
-                   help="order of the int8 matrices: 16-row tiles for SIMD kernels (x86, NEON, RVV), rows for "
-                        "microcontrollers (MVE, DSP); `colibri build` takes the target's")
-    e.add_argument("--prompt", type=_tokens, default=None,
-                   help="built-in prompt token ids (default: the checkpoint's colibri.json, else 3,17,42)")
-    e.add_argument("--generate", type=int, default=0,
-                   help="tokens the built-in demo generates (default: the checkpoint's colibri.json, else 16)")
-    e.add_argument("--kv", default="f32", choices=["f32", "f16", "int8"],
-                   help="KV cache precision: f32, f16, or int8 per head per position with an f32 scale")
-    e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
-    e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
-    e.add_argument("--prune-experts", metavar="CALIB", default=None,
-                   help="drop experts the calibration set (token ids, a sequence per line) never routes to")
+    _add_export_options(e, layout_default="tiled16")
     e.set_defaults(fn=cmd_export)
+
+    pr = sub.add_parser("project", help="a self-contained CMake/Make project folder of a model for a target")
+    _add_export_options(pr, layout_default=None)
+    pr.add_argument("--target", default="host")
+    pr.set_defaults(fn=cmd_project)
 
     b = sub.add_parser("build", help="build a model for a target with SCons")
     b.add_argument("ckpt", nargs="?", default=None, help="checkpoint (default: the bundled model)")

@@ -24,6 +24,11 @@ WARN_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic")
 FLOAT_CFLAGS = ("-ffp-contract=off", "-fno-math-errno")
 # The optimisation level per kind of target: microcontrollers trade speed for flash.
 OPT_CFLAGS = {"linux": "-O2", "firmware": "-Os"}
+# Every C compile of every target: the above, debug info, and sections the linker can drop one by one.
+COMMON_CFLAGS = (*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g", "-fvisibility=hidden", "-ffunction-sections",
+                 "-fdata-sections")
+# The runtime and model objects of a specialised build (the model's dimensions compiled in).
+SPECIALISED_DEFINES = ("COLIBRI_BUILDING", "COLIBRI_SPECIALISED")
 
 
 def runtime_sources(names: tuple[str, ...] = RUNTIME_SRC) -> list[Path]:

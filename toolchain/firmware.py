@@ -46,6 +46,9 @@ COMMON_SRC = ("common/main.c", "common/boot.c", "common/print.c", "common/semiho
 # Stack for calls into code compiled without -fstack-usage (libc, libgcc, libm: memcpy,
 # memset, 64-bit division, soft float: leaves or near-leaves of 16-80 bytes), charged once on
 # top of the deepest path.
+# What every firmware link adds to the target's linkflags (with -T <script> and -Map=<file>), libm last.
+LINK_FLAGS = ("-nostartfiles", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments")
+LINK_LIBS = ("-lm",)
 EXTERNAL_STACK: dict[str, int] = {}
 EXTERNAL_STACK_DEFAULT = 128
 SEMIHOSTING = ["-semihosting-config", "enable=on,target=native,chardev=colibri_console",
@@ -269,9 +272,8 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
     if stack["bytes"] > cfg["stack_bytes"]:
         raise FirmwareError(f"needs {stack['bytes']} bytes of stack ({' > '.join(stack['path'])}) "
                             f"but targets/{cfg['target']}.toml reserves stack_bytes = {cfg['stack_bytes']}")
-    argv = cfg["cc"] + cfg["linkflags"] + [
-        "-nostartfiles", "-T", str(ld), "-Xlinker", f"-Map={map_}", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments",
-        "-o", str(elf)] + [str(o) for o in objs] + ["-lm"]
+    argv = cfg["cc"] + cfg["linkflags"] + [LINK_FLAGS[0], "-T", str(ld), "-Xlinker", f"-Map={map_}", *LINK_FLAGS[1:],
+                                           "-o", str(elf)] + [str(o) for o in objs] + list(LINK_LIBS)
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:  # the linker's own region check comes first
         raise FirmwareError(_link_failure(res.stderr, cfg))

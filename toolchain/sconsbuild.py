@@ -19,8 +19,8 @@ from SCons.Script import (  # type: ignore[import-not-found]
     Exit,
 )
 
-from .csources import FLOAT_CFLAGS, OPT_CFLAGS, RUNTIME_DIR, WARN_CFLAGS
-from .scons import compiledb, export, firmware, linux, safe
+from .csources import COMMON_CFLAGS, RUNTIME_DIR
+from .scons import compiledb, export, firmware, launcher, linux, safe
 from .scons.layout import (
     OUTPUT_LINE,
     LayoutError,
@@ -35,11 +35,9 @@ from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-TOOLS = (safe, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
+TOOLS = (safe, launcher, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
-COMMON_CFLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g", "-fvisibility=hidden", "-ffunction-sections",
-                 "-fdata-sections"]
 
 
 def _fail(message: str) -> None:
@@ -130,6 +128,11 @@ def _base_env(arguments: dict):
     env = Environment(ENV={"PATH": os.environ.get("PATH", "")}, tools=["default"])
     for tool in TOOLS:
         tool.generate(env)
+    try:  # CC_LAUNCHER=ccache|distcc|..., DISTCC=1: every C compile runs through it (toolchain/scons/launcher.py)
+        launcher.use(env, launcher.parse(arguments))
+    except launcher.LauncherError as e:
+        _fail(str(e))
+        raise
     if arguments.get("CACHE"):
         # env.CacheDir() substitutes the path in a mode that no escaping survives (`$$(` loses its
         # parenthesis): set what it sets, then let SCons create the directory as CacheDir() would.
@@ -148,7 +151,7 @@ def _target_env(base, t: Target, sanitize: list[str], scalar: bool):
     stack = ["-fstack-usage"] + (["-fcallgraph-info=su"] if t.cc_argv[0].endswith("gcc") else [])
     env = base.Clone(
         CC=escape(t.cc), AR=escape(t.tool("ar")), RANLIB=escape(t.tool("ranlib")),
-        CCFLAGS=COMMON_CFLAGS + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
+        CCFLAGS=list(COMMON_CFLAGS) + stack + escape_all(t.cflags), LINKFLAGS=escape_all(t.linkflags),
         CPPPATH=[dir_node(base, RUNTIME_DIR / "include")], COLIBRI_TARGET=t.name,
     )
     if sanitize:

@@ -24,7 +24,8 @@ class Objects:
         self.entries: list[dict] = []
 
     def record(self, env, nodes: list, source, com: str, **overrides) -> None:
-        words = env.Override(overrides).subst_list(com, target=nodes, source=source)[0]
+        # the compiler's own command: a launcher (CC_LAUNCHER=ccache) is how it ran, not what it compiles
+        words = env.Override({**overrides, "COLIBRI_LAUNCHER": []}).subst_list(com, target=nodes, source=source)[0]
         self.entries.append({"directory": str(ROOT), "file": str(source), "output": str(nodes[0]),
                              "command": shlex.join(str(w) for w in words)})
 

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC
+from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES
 from ..firmware import (
     COMMON_SRC,
     FAMILIES,
@@ -25,10 +25,11 @@ from ..firmware import (
 from ..targets import Target, TargetError
 from .compiledb import Objects
 from .files import copy, write_text
+from .launcher import PREFIX as LAUNCHER_PREFIX
 from .safe import dir_node, escape_all, file_node, flag_path
 
 # One object plus its stack usage (.su) and call graph (.ci), built, cached and cleaned together.
-C_COM = "$CC -o ${TARGETS[0]} -c $CFLAGS $CCFLAGS $_CCCOMCOM $SOURCES"
+C_COM = f"{LAUNCHER_PREFIX} $CC -o ${{TARGETS[0]}} -c $CFLAGS $CCFLAGS $_CCCOMCOM $SOURCES"
 
 
 def _compile(env, objs: Objects, stem: str, src, defines: tuple[str, ...] = ()):
@@ -56,7 +57,7 @@ def _envs(env, t: Target, gen: dict):
     fenv = env.Clone(CCFLAGS=cflags + ["-fstack-usage", "-fcallgraph-info=su"],
                      CPPPATH=env["CPPPATH"] + [gen["model.h"].dir, dir_node(env, FW_DIR / "common")],
                      ASPPFLAGS=escape_all(t.cflags))
-    return fenv, fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"])
+    return fenv, fenv.Clone(CPPDEFINES=list(SPECIALISED_DEFINES))
 
 
 def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple[list, list, list]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..csources import RUNTIME_DIR, RUNTIME_SRC, TEXT_SRC, abi_major, package_version
+from ..csources import RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES, TEXT_SRC, abi_major, package_version
 from ..size.command import post_link
 from ..targets import Target
 from .files import copy
@@ -17,6 +17,9 @@ from .safe import escape_all, file_node, flag_path
 
 DEMO_COMMON = "demo/demo_common.c"
 SOFLAGS = ["-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack", "-Wl,--gc-sections"]
+EXE_LINKFLAGS = ["-Wl,--gc-sections"]  # every program; the statically linked ones add STATIC_EXE
+STATIC_EXE = ["-static"]
+DEMO_LIBS = ["m", "pthread"]
 
 
 def _symlink_action(target, source, env):  # noqa: ARG001 - SCons action signature
@@ -51,7 +54,7 @@ def _shared_lib(env, out: Path, lib: str, objs: list, soflags: list[str]) -> lis
 def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[list, list, list, list]:
     """The model's static and shared library and the generic shared runtime; their objects."""
     inc = gen["model.h"].dir
-    spec_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING", "COLIBRI_SPECIALISED"], CPPPATH=env["CPPPATH"] + [inc])
+    spec_env = env.Clone(CPPDEFINES=list(SPECIALISED_DEFINES), CPPPATH=env["CPPPATH"] + [inc])
     gen_env = env.Clone(CPPDEFINES=["COLIBRI_BUILDING"])
     src = RUNTIME_DIR / "src"
     spec_objs = [objs(spec_env, f"spec/{Path(s).stem}", src / s, shared=True) for s in RUNTIME_SRC]
@@ -74,16 +77,16 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
 def _programs(env, gen: dict, out: Path, objs, lib_a, generic_objs, static_exe: bool) -> list:
     """colibri_demo (the model linked in), colibri_run (any blob), colibri_demo_dl (dlopen)."""
     demo_src = RUNTIME_DIR / "demo"
-    exe_flags = ["-static"] if static_exe else []
+    exe_flags = STATIC_EXE if static_exe else []
     demo_env = env.Clone(CPPPATH=env["CPPPATH"] + [gen["model.h"].dir],
-                         LINKFLAGS=env["LINKFLAGS"] + exe_flags + ["-Wl,--gc-sections"])
+                         LINKFLAGS=env["LINKFLAGS"] + exe_flags + EXE_LINKFLAGS)
     common = objs(demo_env, "demo_common", RUNTIME_DIR / DEMO_COMMON)
     demo = demo_env.Program(file_node(env, out / "colibri_demo"),
                             [objs(demo_env, "colibri_demo", demo_src / "colibri_demo.c"), common, lib_a],
-                            LIBS=["m", "pthread"])
+                            LIBS=DEMO_LIBS)
     run = demo_env.Program(file_node(env, out / "colibri_run"),
                            [objs(demo_env, "colibri_run", demo_src / "colibri_run.c"), common] + generic_objs,
-                           LIBS=["m", "pthread"])
+                           LIBS=DEMO_LIBS)
     dl_env = env.Clone(LINKFLAGS=env["LINKFLAGS"] + ["-Wl,--gc-sections"])  # dlopen needs a dynamic program
     demo_dl = dl_env.Program(file_node(env, out / "colibri_demo_dl"),
                              [objs(dl_env, "colibri_demo_dl", demo_src / "colibri_demo_dl.c"), common],

@@ -19,7 +19,7 @@ from .audit import (
     resolve_target,
     target_budget,
 )
-from .diff import diff, diff_csv, diff_table
+from .diff import diff, diff_csv, diff_markdown, diff_table, over_limits, parse_limits
 from .elf import SizeError
 from .regions import parse_budget
 from .report import csv_text, human, table
@@ -142,15 +142,20 @@ def cmd_diff(a: argparse.Namespace, opts: Options) -> int:
     old = audit(old_path, Options(**{**vars(opts), "manifest": None, "stack": False}))
     new = audit(new_path, Options(**{**vars(opts), "stack": False}))
     d = diff(old, new, a.top)
+    problems = over_limits(d, a.limits_pct, a.limits_bytes)
     if a.html:
         _write_html(a.html, [old, new], a.top)
     if a.json:
         print(json.dumps(d, indent=1))
     elif a.csv:
         print(diff_csv(d), end="")
+    elif a.markdown:
+        print(diff_markdown(d, a.base_label or old_path, a.head_label or new_path, problems), end="")
     else:
         print(diff_table(d), end="")
-    return 0
+    for p in problems:
+        print(f"colibri size: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def cmd_size(a: argparse.Namespace) -> int:
@@ -164,6 +169,10 @@ def cmd_size(a: argparse.Namespace) -> int:
 def _cmd_size(a: argparse.Namespace) -> int:
     try:
         opts = _options(a)
+        a.limits_pct = parse_limits(a.fail_over, "--fail-over", float)
+        a.limits_bytes = parse_limits(a.fail_over_bytes, "--fail-over-bytes", int)
+        if not a.diff and (a.markdown or a.limits_pct or a.limits_bytes or a.base_label or a.head_label):
+            raise ValueError("--markdown, --fail-over, --fail-over-bytes and the labels go with --diff OLD NEW")
     except ValueError as e:
         print(f"colibri size: {e}", file=sys.stderr)
         return 2
@@ -207,6 +216,14 @@ def register(subparsers) -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON (schema colibri-size/1)")
     out.add_argument("--csv", action="store_true", help="print one CSV row per symbol")
+    out.add_argument("--markdown", action="store_true",
+                     help="with --diff: a Markdown table per region and per category (for a pull request)")
+    p.add_argument("--fail-over", metavar="PCT",
+                   help="with --diff: exit 1 when a region grows by more than PCT percent (N, or flash=N,ram=N)")
+    p.add_argument("--fail-over-bytes", metavar="N",
+                   help="with --diff: exit 1 when a region grows by more than N bytes (N, or flash=N,ram=N)")
+    p.add_argument("--base-label", help="with --diff: the old side's name in the report (default: OLD)")
+    p.add_argument("--head-label", help="with --diff: the new side's name in the report (default: NEW)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report with treemaps")
     p.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two builds")
     p.add_argument("--budget", help="flash=SIZE,ram=SIZE; exit 1 when exceeded (overrides the target's)")

@@ -113,3 +113,98 @@ def diff_csv(d: dict) -> str:
     for s in d["symbols"]:
         w.writerow([s["category"], s["file"], s["symbol"], s["old"], s["new"], s["delta"], s["status"]])
     return buf.getvalue()
+
+
+# --- the pull-request report: a Markdown table, and the growth limits that fail a CI job ------------------
+
+
+def md_cell(text: str) -> str:
+    """Any string as the text of one Markdown table cell: `|`, backslash, backquote, `<`, `>`, `&`, `*`, `_`,
+    `[`, `]` escaped, line breaks as spaces."""
+    out = []
+    for c in str(text):
+        if c in "\r\n\t":
+            out.append(" ")
+        elif c in "&<>":
+            out.append({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c])
+        elif c in "\\|`*_[]#~":
+            out.append("\\" + c)
+        elif ord(c) < 32 or ord(c) == 127:
+            out.append(" ")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _pct_md(p: float | None, old: int, new: int) -> str:
+    if p is None:
+        return "new" if new else "0.0%"
+    return f"{p:+.2f}%"
+
+
+def parse_limits(text: str | None, what: str, cast) -> dict[str, float]:
+    """`5` (every region) or `flash=5,ram=10`; ValueError naming the option when malformed."""
+    if text is None:
+        return {}
+    text = text.strip()
+    try:
+        if "=" not in text:
+            v = cast(text)
+            if v < 0:
+                raise ValueError
+            return {"flash": v, "ram": v}
+        out = {}
+        for part in text.split(","):
+            region, _, value = part.partition("=")
+            region = region.strip()
+            if region not in ("flash", "ram"):
+                raise ValueError
+            v = cast(value.strip())
+            if v < 0:
+                raise ValueError
+            out[region] = v
+        return out
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: expected a non-negative number, or flash=N,ram=N") from None
+
+
+def over_limits(d: dict, pct: dict[str, float], nbytes: dict[str, float]) -> list[str]:
+    """The regions that grew more than allowed: one line each."""
+    problems = []
+    for region in ("flash", "ram"):
+        r = d["regions"][region]
+        grew = r["delta"]
+        if region in nbytes and grew > nbytes[region]:
+            problems.append(f"{region} grew by {grew:+,} B, over --fail-over-bytes {nbytes[region]:,.0f}")
+        if region in pct and grew > 0:
+            p = r["percent"]
+            if p is None or p > pct[region]:
+                shown = "from 0" if p is None else f"{p:+.2f}%"
+                problems.append(f"{region} grew by {grew:+,} B ({shown}), over --fail-over {pct[region]:g}%")
+    return problems
+
+
+def diff_markdown(d: dict, base: str = "base", head: str = "head", problems: list[str] | None = None) -> str:
+    """The comparison as GitHub-flavoured Markdown: per region (and its parts), then per category."""
+    b, h = md_cell(base), md_cell(head)
+    lines = [f"### colibri size: {b} → {h}", ""]
+    q = d.get("quant") or {}
+    if (q.get("old") or q.get("new")) and q.get("old") != q.get("new"):
+        lines += [f"Quantization: {md_cell(q.get('old'))} → {md_cell(q.get('new'))}", ""]
+    lines += [f"| region | {b} | {h} | delta | % |", "|:--|--:|--:|--:|--:|"]
+    for key in ("flash", "ram"):
+        r = d["regions"][key]
+        lines.append(f"| **{key}** | {r['old']:,} | {r['new']:,} | {_signed(r['delta'])} | "
+                     f"{_pct_md(r['percent'], r['old'], r['new'])} |")
+        for p, v in r["parts"].items():
+            if v["old"] or v["new"]:
+                lines.append(f"| {key}: {p} | {v['old']:,} | {v['new']:,} | {_signed(v['delta'])} | "
+                             f"{_pct_md(v['percent'], v['old'], v['new'])} |")
+    lines += ["", f"| category | {b} | {h} | delta | % |", "|:--|--:|--:|--:|--:|"]
+    for c in d["categories"]:
+        if c["old"] or c["new"]:
+            lines.append(f"| {md_cell(c['label'])} | {c['old']:,} | {c['new']:,} | {_signed(c['delta'])} | "
+                         f"{_pct_md(c['percent'], c['old'], c['new'])} |")
+    if problems:
+        lines += ["", "**Over the limit:**", ""] + [f"- {md_cell(p)}" for p in problems]
+    return "\n".join(lines) + "\n"
