@@ -9,7 +9,7 @@ import re
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -218,13 +218,22 @@ def staged_dir(out_dir: Path, protect: tuple[Path, ...] = ()) -> Iterator[Path]:
     interrupted export) out_dir is left as it was. Files written with unnamed_file appear in it only when
     complete; the empty staging directory of a killed export is removed by the next run.
     """
+    with replace_dir(out_dir, lambda d: check_output(d, protect)) as tmp:
+        yield tmp
+
+
+@contextmanager
+def replace_dir(out_dir: Path, check: Callable[[Path], None]) -> Iterator[Path]:
+    """The all-or-nothing swap behind every -o: `check` (which raises to refuse) before taking the lock
+    beside out_dir and again under it, then a fresh staging sibling that replaces out_dir whole on success
+    and is removed on any error."""
     out_dir = Path(os.path.abspath(out_dir))
     if not out_dir.name:
-        raise _refuse(out_dir, "is the root directory")
-    check_output(out_dir, protect)
+        raise ExportError(out_dir, "is the root directory; refusing to replace it")
+    check(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out_dir):
-        check_output(out_dir, protect)  # again: it may have changed while we waited
+        check(out_dir)  # again: it may have changed while we waited
         _remove_stale(out_dir)
         tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         tmp.mkdir()

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from colibri.codegen.emit import output_lock
+from colibri.codegen.emit import replace_dir
 from colibri.codegen.errors import ExportError
 
 MARKER = ".colibri-project.json"
@@ -58,26 +57,8 @@ def check_output(out: Path) -> None:
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
     """A sibling directory to write the folder into; on success it replaces `out` whole."""
-    out = Path(os.path.abspath(out))
-    if not out.name:
-        raise _refuse(out, "is the root directory")
-    check_output(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with output_lock(out):
-        check_output(out)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            yield tmp
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        old = out.parent / f".{out.name}.tmp-{os.getpid()}-old"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+    with replace_dir(out, check_output) as tmp:
+        yield tmp
 
 
 def write_marker(d: Path, files: list[str], fields: dict) -> None:
