@@ -63,7 +63,14 @@ def model_name(build: Path, ckpt: Path, c_name: str) -> str:
 
 
 def option_suffix(opts: dict, defaults: dict) -> str:
-    """'' for the default export options, else -<quant>[-<hash of the other options>]."""
+    """'' for the default export options, else -<quant>[-<hash of the other options>]. An option left to the
+    quantization's own default (outlier_frac None) and the same value spelt out name the same export."""
+    from colibri.codegen.quantize import default_outlier_frac
+
+    def resolved(o: dict) -> dict:
+        return {**o, "outlier_frac": default_outlier_frac(opts["quant"])} if o.get("outlier_frac") is None else o
+
+    opts, defaults = resolved(opts), resolved(defaults)
     differs = {k: v for k, v in opts.items() if k not in EXPORT_DEFAULTS_SKIP and defaults.get(k) != v}
     if not differs:
         return ""
