@@ -126,6 +126,7 @@ def generate(ckpt: str | Path, out: str | Path, t: Target, opts: ExportOptions,
     files.update({rel: src.read_bytes() for rel, src in example.items()})
     runtime_units = [f"runtime/{s}" for s in RUNTIME_SRC]  # SCons's order: the same link, the same image
     ctx = _context(t, name, runtime_units, example_units)
+    ctx["public_headers"] = sorted(rel for rel in files if rel.startswith("include/"))
     if t.kind == "firmware":
         c_units = [u for u in example_units if u.endswith(".c")]
         asm_units = [u for u in example_units if u.endswith(".S")]
@@ -167,7 +168,7 @@ def library_json(ctx: dict) -> dict:
         "license": "MIT",
         "frameworks": "*",
         "platforms": "*",
-        "headers": ["colibri.h", "model.h"],
+        "headers": [*(h.split("/", 1)[1] for h in ctx["public_headers"]), "model.h"],
         "build": {
             "srcDir": ".",
             "includeDir": "include",

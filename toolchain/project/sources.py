@@ -44,8 +44,12 @@ def runtime_files() -> dict[str, Path]:
     src = (RUNTIME_DIR / "src").resolve()
     files = _closure([src / s for s in RUNTIME_SRC], src)
     out = {f"runtime/{f.relative_to(src).as_posix()}": f for f in files}
-    out["include/colibri.h"] = RUNTIME_DIR / "include" / "colibri.h"
-    return out
+    public = RUNTIME_DIR / "include"
+    # colibri.h and every other public header the runtime sources include (colibri_sample.h, ...)
+    for name in {"colibri.h", *(inc for f in files for inc in _INCLUDE.findall(f.read_text(encoding="utf-8")))}:
+        if (public / name).is_file():
+            out[f"include/{name}"] = public / name
+    return dict(sorted(out.items()))
 
 
 def example_files(t: Target) -> tuple[dict[str, Path], list[str]]:
