@@ -17,13 +17,21 @@ from conftest import require_target
 
 TARGETS = ["stm32h7", "cortex-m55"]
 PROMPT = [1, 2, 3, 4]
-# a dense Qwen3 (q/k norms, head_dim != hidden / heads) and a Granite-MoE with a shared MLP (the multipliers,
-# fused experts); seeds whose greedy streams do not settle into one repeated token at once (a tiny random
-# model often does, and a constant stream would match a broken runtime too: the last assert checks it);
-# initializer_range 0.2 rather than transformers' 0.02, so that every block (the shared MLP too) moves
-# the logits enough to change greedy tokens when it is left out
-FAMILIES = {f: ((cases[f][0], dict(cases[f][1], initializer_range=0.2)), 60)
-            for f, cases in (("qwen3", test_dense.CASES), ("granitemoeshared", test_granite.CASES))}
+# The demo model's size (firmware_examples/models/adder: vocab 260, hidden 64, 2 layers, 4/2 heads, 4 experts
+# of 128, about 275 KB of int8c weights): a dense Qwen3 (q/k norms, head_dim 16) with the same 512-wide MLP
+# the adder's four experts have, and a Granite-MoE with the adder's experts plus a shared MLP (the four
+# multipliers, fused experts on disk). initializer_range 0.2 rather than transformers' 0.02, so that every
+# block (the shared MLP too) moves the logits enough to change greedy tokens when it is left out; seeds whose
+# greedy streams do not settle into one repeated token (a constant stream would match a broken runtime too:
+# the last assert checks it).
+DEMO_SIZE = dict(vocab_size=260, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 initializer_range=0.2)
+FAMILIES = {
+    "qwen3": (("Qwen3Config", dict(test_dense.CASES["qwen3"][1], **DEMO_SIZE, intermediate_size=512)), 60),
+    "granitemoeshared": (("GraniteMoeSharedConfig", dict(test_granite.CASES["granitemoeshared"][1], **DEMO_SIZE,
+                                                         intermediate_size=128, num_local_experts=4,
+                                                         shared_intermediate_size=128)), 60),
+}
 
 
 @pytest.fixture(scope="module")
