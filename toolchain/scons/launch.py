@@ -73,8 +73,10 @@ def run(launcher: list[str], cc: list[str]) -> int:
         local_argv = analysis_command(cc, out, tmp)
         if remote:
             local = subprocess.Popen(local_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            rc = subprocess.call(launcher + [a for a in cc if not is_analysis(a)])
-            _, err = local.communicate()
+            try:
+                rc = subprocess.call(launcher + [a for a in cc if not is_analysis(a)])
+            finally:  # no compile outlives this one (a launcher that cannot start included)
+                _, err = local.communicate()
             local_rc = local.returncode
         else:
             rc = subprocess.call(launcher + cc)
