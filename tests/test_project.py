@@ -338,3 +338,44 @@ def test_missing_compiler_still_writes_the_folder(ckpt, tmp_path):
     readme = (tmp_path / "p/README.md").read_text()
     assert "lacks colibri-absent-linux-gnu-gcc" in readme and "apt-get install gcc-absent-pkg" in readme
     assert (tmp_path / "p/CMakeLists.txt").is_file()
+
+
+def test_the_issues_cmake_command_as_written(ckpt, tmp_path):
+    """`cmake -S adder-stm32h7 -B b -DCMAKE_TOOLCHAIN_FILE=adder-stm32h7/cmake/toolchain.cmake` from the folder's
+    parent: CMake alone looks for that relative path in b/ and in the folder (CMAKE_TOOLCHAIN_FILE's documented
+    rule); the folder's CMakeLists.txt takes it from where cmake was started. With no toolchain file at
+    all, the folder's own. The image boots to the reference's tokens."""
+    require_target("stm32h7")
+    folder = tmp_path / "adder-stm32h7"
+    res = project(ckpt, folder, "stm32h7")
+    assert res.returncode == 0, res.stderr
+    env = clean_env(tmp_path)
+    run(["cmake", "-S", "adder-stm32h7", "-B", "b", "-DCMAKE_TOOLCHAIN_FILE=adder-stm32h7/cmake/toolchain.cmake"],
+        cwd=tmp_path, env=env)
+    run(["cmake", "--build", "b", "-j2"], cwd=tmp_path, env=env)
+    cache = (tmp_path / "b/CMakeCache.txt").read_text()
+    assert f"CMAKE_TOOLCHAIN_FILE:FILEPATH={folder}/cmake/toolchain.cmake\n" in cache
+    assert re.search(r"^CMAKE_C_COMPILER_AR:FILEPATH=.*arm-none-eabi-gcc-ar$", cache, re.M)  # the cross compiler
+    assert tokens_of("stm32h7", tmp_path / "b" / f"{MODEL}.elf") == reference_tokens(ckpt, folder)
+    run(["cmake", "-S", "adder-stm32h7", "-B", "b2"], cwd=tmp_path, env=env)  # configure only: the compiler
+    cache = (tmp_path / "b2/CMakeCache.txt").read_text()
+    assert f"CMAKE_TOOLCHAIN_FILE:FILEPATH={folder}/cmake/toolchain.cmake\n" in cache
+    assert re.search(r"^CMAKE_C_COMPILER_AR:FILEPATH=.*arm-none-eabi-gcc-ar$", cache, re.M)  # the cross compiler
+
+
+def test_add_subdirectory_keeps_the_consumers_toolchain(ckpt, tmp_path):
+    """Inside a user's project the folder sets no toolchain: the consumer's (none here: its host compiler)."""
+    require_target("host")
+    folder = tmp_path / "colibri-host"
+    res = project(ckpt, folder, "host")
+    assert res.returncode == 0, res.stderr
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.16)\nproject(app C)\n"
+                                        f"add_subdirectory({folder} colibri)\n")
+    env = clean_env(tmp_path)
+    run(["cmake", "-S", str(app), "-B", str(tmp_path / "b")], env=env)
+    run(["cmake", "--build", str(tmp_path / "b"), "-j2"], env=env)
+    cache = (tmp_path / "b/CMakeCache.txt").read_text()
+    assert "CMAKE_TOOLCHAIN_FILE" not in cache
+    assert list((tmp_path / "b").rglob(f"libcolibri_{MODEL}*.a")) or list((tmp_path / "b").rglob("*.a"))

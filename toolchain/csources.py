@@ -24,11 +24,31 @@ WARN_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic")
 FLOAT_CFLAGS = ("-ffp-contract=off", "-fno-math-errno")
 # The optimisation level per kind of target: microcontrollers trade speed for flash.
 OPT_CFLAGS = {"linux": "-O2", "firmware": "-Os"}
+# Debug info that is the same wherever the object was compiled. A compile of distcc's preprocessed source
+# (macros expanded) places tokens in other columns than a compile of the source: no column numbers. The
+# command line is not recorded in DW_AT_producer (the analysis files a compile also writes are no part of
+# its object: toolchain/scons/launch.py leaves those options out of a remote compile).
+DEBUG_CFLAGS = ("-g", "-gno-column-info", "-gno-record-gcc-switches")
+# GCC only (clang takes a macro's tokens' lines from the expansion anyway): a token from a macro on its
+# expansion's line, as in preprocessed source, where GCC would track it into the macro (other line rows).
+GCC_DEBUG_CFLAGS = ("-ftrack-macro-expansion=0",)
 # Every C compile of every target: the above, debug info, and sections the linker can drop one by one.
-COMMON_CFLAGS = (*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g", "-fvisibility=hidden", "-ffunction-sections",
-                 "-fdata-sections")
+COMMON_CFLAGS = (*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], *DEBUG_CFLAGS, "-fvisibility=hidden",
+                 "-ffunction-sections", "-fdata-sections")
 # The runtime and model objects of a specialised build (the model's dimensions compiled in).
 SPECIALISED_DEFINES = ("COLIBRI_BUILDING", "COLIBRI_SPECIALISED")
+
+
+PREFIX_MAP = "-ffile-prefix-map="
+
+
+def prefix_map_flags(root: Path, build: Path) -> list[str]:
+    """Debug info and __FILE__ independent of where the checkout and the build root are: the checkout (the
+    compiles' working directory, DW_AT_comp_dir) becomes `.`, the build root `build` (its default place
+    under the checkout). The last matching map wins, so the build root, which may lie inside the checkout,
+    comes last. A path holding `=` cannot be mapped (GCC splits at the first)."""
+    maps = [(root, "."), (build, "build")]
+    return [f"{PREFIX_MAP}{old}={new}" for old, new in maps if "=" not in str(old)]
 
 
 def runtime_sources(names: tuple[str, ...] = RUNTIME_SRC) -> list[Path]:

@@ -19,7 +19,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
     Exit,
 )
 
-from .csources import COMMON_CFLAGS, RUNTIME_DIR
+from .csources import COMMON_CFLAGS, GCC_DEBUG_CFLAGS, RUNTIME_DIR, prefix_map_flags
 from .scons import compiledb, export, firmware, launcher, linux, safe
 from .scons.layout import (
     OUTPUT_LINE,
@@ -222,6 +222,10 @@ def build_all(arguments: dict) -> None:
             gens[export_key] = base.ColibriExport(ckpt, build / "gen" / key / gen, t_opts)
         out = build / target_dir(t.name, sanitize, kernels == "scalar") / key
         env = _target_env(base, t, sanitize, kernels == "scalar")
+        # objects independent of who compiles them and where (csources.py); the maps' paths are outside the
+        # build signature ($( $)): the same objects wherever the checkout is, so CACHE=dir serves another one
+        env.Append(CCFLAGS=(list(GCC_DEBUG_CFLAGS) if t.cc_argv[0].endswith("gcc") else [])
+                   + ["$(", *escape_all(prefix_map_flags(ROOT, build)), "$)"])
         if t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
         else:

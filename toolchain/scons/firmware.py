@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES
+from ..csources import OPT_CFLAGS, PREFIX_MAP, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES
 from ..firmware import (
     COMMON_SRC,
     FAMILIES,
@@ -46,6 +46,7 @@ def _compile(env, objs: Objects, stem: str, src, defines: tuple[str, ...] = ()):
 
 
 def _assemble(env, objs: Objects, stem: str, src, asflags: list[str]):
+    asflags = asflags + env["COLIBRI_AS_MAPS"]
     o = env.Object(file_node(env, objs.objdir / f"{stem}.o"), src, ASPPFLAGS=asflags)
     objs.record(env, o, src, "$ASPPCOM", ASPPFLAGS=asflags)
     return o[0]
@@ -54,9 +55,11 @@ def _assemble(env, objs: Objects, stem: str, src, asflags: list[str]):
 def _envs(env, t: Target, gen: dict):
     """The application's environment (-Os, the firmware headers) and the runtime's (specialised)."""
     cflags = [OPT_CFLAGS["firmware"] if f == OPT_CFLAGS["linux"] else f for f in env["CCFLAGS"]]
+    # the assembler's debug info (startup code under -g) is mapped as the C objects' is
+    maps = ["$(", *(f for f in cflags if f.startswith(PREFIX_MAP)), "$)"]  # outside the signature, as in CCFLAGS
     fenv = env.Clone(CCFLAGS=cflags + ["-fstack-usage", "-fcallgraph-info=su"],
                      CPPPATH=env["CPPPATH"] + [gen["model.h"].dir, dir_node(env, FW_DIR / "common")],
-                     ASPPFLAGS=escape_all(t.cflags))
+                     ASPPFLAGS=escape_all(t.cflags), COLIBRI_AS_MAPS=maps)
     return fenv, fenv.Clone(CPPDEFINES=list(SPECIALISED_DEFINES))
 
 

@@ -5,17 +5,22 @@ The option is split into words (shlex) and reaches the command as separate argum
 SCons and run without a shell (safe.py). It sits between `$(` and `$)`: not part of the build
 signature, so CACHE=dir is shared by builds with and without it. Assembly files are not launched:
 model_blob.S .incbin's the blob, which a remote assembler would not have. The launcher's own
-settings (DISTCC_HOSTS, CCACHE_DIR, ...) pass from the environment.
+settings (DISTCC_HOSTS, CCACHE_DIR, ...) pass from the environment. The launcher runs inside
+toolchain/scons/launch.py, which gives each object the .su/.ci files a local compile writes (the
+stack bound's input), whatever the launcher returns.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import sys
 
+from .launch import SEPARATOR
 from .safe import escape_all
 
 VAR = "COLIBRI_LAUNCHER"
+WRAPPER = "colibri.toolchain.scons.launch"  # python -m WRAPPER LAUNCHER... -- CC ARGS...
 PREFIX = "$( ${COLIBRI_LAUNCHER} $)"
 COMS = ("CCCOM", "SHCCCOM")  # SCons's C compiles; toolchain/scons/firmware.py's C_COM starts with PREFIX too
 ENV_PREFIXES = ("DISTCC_", "CCACHE_", "SCCACHE_", "ICECC_")
@@ -44,7 +49,7 @@ def parse(arguments: dict) -> list[str]:
 
 def use(env, argv: list[str]) -> None:
     """Run every C compile of env (and of its clones) through argv."""
-    env[VAR] = escape_all(argv)
+    env[VAR] = escape_all([sys.executable, "-m", WRAPPER, *argv, SEPARATOR] if argv else [])
     if argv:
         env["ENV"].update({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)})
         if "HOME" in os.environ:  # ccache and distcc keep their state under it
