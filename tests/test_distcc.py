@@ -23,8 +23,9 @@ from colibri.toolchain.targets import load_target
 from conftest import BIN, ROOT, require_target, synth
 
 SMALL = dict(layers=1, hidden=32, ffn=32, heads=4, kv_heads=2, experts=2, top_k=1, vocab=64, seed=8)
-# Linux targets, native and cross (not host: distcc compiles -march=native locally, by design), and firmware.
-TARGETS = ("x86_64", "stm32h7")  # a Linux and a firmware target (each compile goes through the launcher the same way)
+# A Linux target (not host: distcc compiles -march=native locally, by design) and a cross-compiled firmware
+# target (arm-none-eabi-gcc run by distccd): every target's compiles take the same launcher path.
+TARGETS = ("x86_64", "stm32h7")
 LOOPBACK = "127.0.0.1"
 WAIT = 20.0  # seconds, at most, for the daemon to listen
 
