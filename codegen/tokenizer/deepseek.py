@@ -73,7 +73,8 @@ def is_deepseek(subs: list[Any]) -> bool:
             return False
     digits, bl = subs[-2], subs[-1]
     return (digits.get("type") == "Digits" and digits.get("individual_digits") is True
-            and bl.get("type") == "ByteLevel" and not bl.get("use_regex", True) and not bl.get("add_prefix_space", False))
+            and bl.get("type") == "ByteLevel" and not bl.get("use_regex", True)
+            and not bl.get("add_prefix_space", False))
 
 
 def pre_tokenizer() -> dict[str, Any]:

@@ -53,6 +53,9 @@ class Tokenizer:
     add_eos: bool = False
     categories: tuple[str, ...] = field(default=())
     class_ranges: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # a category's own ranges
+    # byte-level: the id of each byte's vocabulary entry (DeepSeek also has some of them as added tokens,
+    # whose piece is then the added text, not the byte)
+    byte_ids: tuple[int, ...] = ()
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -250,4 +253,5 @@ def load_tokenizer(ckpt: str | Path) -> Tokenizer:
         add_bos=bool(add_bos), add_eos=bool(add_eos),
         categories=("L", "N") if kind == KIND_BYTELEVEL else (),
         class_ranges={"L": deepseek.LETTER_RANGES} if pretok == PRE_DEEPSEEK else {},
+        byte_ids=tuple(vocab[b2u[b]] for b in range(256)) if kind == KIND_BYTELEVEL else (),
     )

@@ -81,8 +81,8 @@ def pack(tok: Tokenizer) -> bytes:
     order = sorted(range(n), key=lambda i: (tok.pieces[i], i))
     merges = sorted((left, right, rank, merged) for rank, (left, right, merged) in enumerate(tok.merges))
     ids = {p: i for i, p in reversed(list(enumerate(tok.pieces)))}
-    byte_tok = []
-    for b in range(256):
+    byte_tok = list(tok.byte_ids)
+    for b in range(256 if not byte_tok else 0):
         key = bytes([b]) if tok.kind == 2 else f"<0x{b:02X}>".encode()
         byte_tok.append(ids.get(key, NONE) if tok.kind == 2 or tok.byte_fallback else NONE)
     ranges = {c: tok.class_ranges.get(c) or category_ranges(c) for c in tok.categories}

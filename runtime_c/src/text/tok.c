@@ -487,6 +487,19 @@ static int hexval(uint8_t c) {
     return -1;
 }
 
+/* Byte-level: an added token whose text is one character of the ByteLevel alphabet and whose id is that
+ * byte's vocabulary entry (DeepSeek's "ü", "À", ...) decodes, as HF's ByteLevel decoder does, to the byte */
+static int added_byte(const colibri_tok *t, uint32_t id, const uint8_t *p) {
+    uint32_t cp;
+    if (next_cp(p, 2, 0, &cp) != 2) return -1;
+    int b = -1;
+    if ((cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) b = (int)cp;
+    else if (cp >= 0x100 && cp <= 0x120) b = (int)(cp - 0x100);        /* bytes 0x00-0x20 */
+    else if (cp >= 0x121 && cp <= 0x142) b = (int)(cp - 0x121 + 0x7F); /* bytes 0x7F-0xA0 */
+    else if (cp == 0x143) b = 0xAD;
+    return (b >= 0 && t->byte_tok[b] == id) ? b : -1;
+}
+
 int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *buf, size_t cap, size_t *n_bytes) {
     if (n_bytes) *n_bytes = 0;
     if (!t || !t->hdr || !n_bytes || (!buf && cap)) return COLIBRI_TOK_E_ARG;
@@ -495,6 +508,13 @@ int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *b
     const uint8_t *p = piece(t, (uint32_t)id, &pn);
     size_t n = 0;
     if (t->kind == KIND_BYTELEVEL) {
+        int b = pn == 2 ? added_byte(t, (uint32_t)id, p) : -1;
+        if (b >= 0) {
+            if (cap < 1) return COLIBRI_TOK_E_TOO_LONG;
+            buf[0] = (char)b;
+            *n_bytes = 1;
+            return COLIBRI_TOK_OK;
+        }
         if (pn > cap) return COLIBRI_TOK_E_TOO_LONG;
         if (pn) memcpy(buf, p, pn);
         *n_bytes = pn;
