@@ -206,7 +206,21 @@ DEEPSEEK_TEXTS = ["你好，世界！", "中文English混合123", "한국어 텍
                   "x\u3000y\u3000", "\u3000\u3000z", "Ｆｕｌｌ，ｗｉｄｔｈ！", "“quoted” ‘text’", "ΑΒΓ αβγ ώ ΐ Ί",
                   "ᏣᎳᎩ",
                   "𐐀𐐁 𞤀", "123456789", "١٢٣ ½", " 12 ab", "e\u0301", "नमस्ते", "ไทย", "Ⅻ", "$100 & 50%", "\t\ta", " \n",
-                  "À Á õ ÿ", "ÀÁ", "naïve café", "Zürich", "\u1f7d\u1fd3\u1fdb \u03ce\u0390\u038a"]
+                  "À Á õ ÿ", "ÀÁ", "naïve café", "Zürich", "\u1f7d\u1fd3\u1fdb \u03ce\u0390\u038a",
+                  "a\u07ff\u0800b\u4e00c\u9fa5\u9fa6d\uabff\uac00\ud7ff\ue000",
+                  "\u2017\u2018\u2020 \uff00\uff01\uff0f\uff10"]
+
+
+DEEPSEEK_POOL = ("a b Hello world é Ω ж 你 好 世界 한 국 ア ไทย مرحبا שלום 1 23 ١ ½ ! , . ? “ ” ‘ ’ ， 。 、 ！ ？ "
+                 "ＡＢ ｘ 😀 👍🏽 ✓ € \u0301 \u3000 \u00a0 \u2003 \t \r \n \r\n ÀÁ ü ÿ ώ").split(" ") + [" ", "  "]
+
+
+def deepseek_strings(n: int = 200, seed: int = 7) -> list[str]:
+    """Fixed-seed mixtures of what each stage of DeepSeek's Sequence tells apart: whitespace of every kind
+    (U+3000 is also in its punctuation class), trailing whitespace, curly quotes and fullwidth forms, CJK,
+    Hangul, digits, emoji, CR/LF"""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(DEEPSEEK_POOL) for _ in range(rng.randint(1, 12))) for _ in range(n)]
 
 
 @needs_models
@@ -217,7 +231,7 @@ def test_deepseek_reproduces_llamacpp_and_hf(deepseek_dir, lib):
     cases = llamacpp_cases("deepseek-llm")
     assert len(cases) >= 40
     assert [hf.encode(s, add_special_tokens=False).ids for s, _ in cases] == [ids for _, ids in cases]
-    texts = strings() + [s for s, _ in cases] + DEEPSEEK_TEXTS
+    texts = strings() + [s for s, _ in cases] + DEEPSEEK_TEXTS + deepseek_strings()
     bad = []
     for s in texts:
         want = hf.encode(s, add_special_tokens=False).ids
@@ -239,3 +253,36 @@ def test_deepseek_variants_refused(deepseek_dir, tmp_path):
         with pytest.raises(ExportError, match="unsupported tokenizer component: pre_tokenizer Sequence"):
             load_tokenizer(variant(deepseek_dir, tmp_path / str(i), edit))
     assert json.loads((deepseek_dir / "tokenizer.json").read_text())["pre_tokenizer"] == deepseek.pre_tokenizer()
+
+
+def test_deepseek_pre_tokens_are_hf_splits(lib):
+    """pre_deepseek.c's pieces themselves (colibri_ds_next through ctypes) against HF's pre-tokenizers: the
+    same Sequence of Splits and Digits (before ByteLevel), on the texts above - boundaries that no merge of
+    a vocabulary crosses included"""
+    import ctypes
+
+    from tokenizers import Regex, pre_tokenizers
+
+    from colibri.codegen.tokenizer.pack import category_ranges
+
+    hf = pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(p), "isolated") for p in deepseek.PATTERNS),
+                                  pre_tokenizers.Digits(individual_digits=True)])
+
+    def table(ranges):
+        return (ctypes.c_uint32 * (2 * len(ranges)))(*(x for r in ranges for x in r)), len(ranges)
+
+    (letters, nl), (digits, nn) = table(deepseek.LETTER_RANGES), table(category_ranges("N"))
+    it = ctypes.create_string_buffer(1024)  # colibri_ds_iter: well under 1 KiB
+    start, end = ctypes.c_size_t(), ctypes.c_size_t()
+    bad = []
+    texts = strings() + DEEPSEEK_TEXTS + deepseek_strings(400, seed=8)
+    for text in texts:
+        data = text.encode()
+        lib.colibri_ds_begin(it, data, ctypes.c_size_t(len(data)), letters, nl, digits, nn)
+        pieces = []
+        while lib.colibri_ds_next(it, ctypes.byref(start), ctypes.byref(end)):
+            pieces.append(data[start.value:end.value].decode())
+        want = [p for p, _ in hf.pre_tokenize_str(text)]
+        if pieces != want:
+            bad.append((text, want[:8], pieces[:8]))
+    assert not bad, f"{len(bad)} of {len(texts)} differ, first: {bad[:3]}"
