@@ -187,14 +187,18 @@ def test_malformed_nfc_tables_refused(tmp_path, lib):
         assert e.value.status == (E_VERSION if name == "version 1" else E_SECTION), name
 
 
+def _driver(cc: str, exe, *flags: str):
+    """runtime_c/test/tok_driver.c with the text runtime (TEXT_SRC), the build's warning flags"""
+    srcs = [ROOT / "runtime_c" / "test" / "tok_driver.c", *(ROOT / "runtime_c" / "src" / s for s in TEXT_SRC)]
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{ROOT / 'runtime_c' / 'include'}",
+                    *flags, *map(str, srcs), "-o", str(exe)], check=True)
+    return exe
+
+
 def test_mutated_nfc_sections_never_crash(tmp_path):
     sec = tmp_path / "tokenizer.bin"
     sec.write_bytes(_nfc_section(tmp_path))
-    exe = tmp_path / "drv"
-    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1", "-g",
-                    "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{ROOT / 'runtime_c' / 'include'}",
-                    str(ROOT / "runtime_c" / "test" / "tok_driver.c"),
-                    *(str(ROOT / "runtime_c" / "src" / s) for s in TEXT_SRC), "-o", str(exe)], check=True)
+    exe = _driver("cc", tmp_path / "drv", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
     res = subprocess.run([str(exe), "mutate", str(sec), "3000", "17"], capture_output=True, text=True, env=SAN_ENV,
                          timeout=300)
     assert res.returncode == 0 and not any(m in res.stderr for m in SAN_MARKERS), res.stdout + res.stderr
@@ -286,3 +290,26 @@ def test_deepseek_pre_tokens_are_hf_splits(lib):
         if pieces != want:
             bad.append((text, want[:8], pieces[:8]))
     assert not bad, f"{len(bad)} of {len(texts)} differ, first: {bad[:3]}"
+
+
+@needs_models
+@pytest.mark.parametrize("cc,runner", [("aarch64-linux-gnu-gcc", "qemu-aarch64"),
+                                       ("riscv64-linux-gnu-gcc", "qemu-riscv64")])
+def test_cross_targets_same_ids(tmp_path, qwen2_nfc, deepseek_dir, cc, runner):
+    """NFC and DeepSeek's pre-tokenizer cross-built (runtime_c/test/tok_driver.c) under qemu-user: HF's ids"""
+    import shutil
+
+    if not (shutil.which(cc) and shutil.which(runner)):
+        pytest.skip(f"{cc} or {runner} not installed")
+    exe = _driver(cc, tmp_path / "cross", "-O2", "-static")
+    for name, d, texts in (("nfc", qwen2_nfc, nfc_strings()), ("deepseek", deepseek_dir, DEEPSEEK_TEXTS
+                                                                + deepseek_strings())):
+        texts = [s for s in texts if "\0" not in s]
+        sec, txt = tmp_path / f"{name}.bin", tmp_path / f"{name}.txt"
+        sec.write_bytes(pack(load_tokenizer(d)))
+        txt.write_bytes(b"\0".join(s.encode() for s in texts))
+        out = subprocess.run([runner, str(exe), "encode", str(sec), str(txt)], capture_output=True, text=True,
+                             check=True, timeout=600).stdout
+        hf = _hf(d)
+        want = [",".join(map(str, hf.encode(s, add_special_tokens=False).ids)) for s in texts]
+        assert out.split("\n")[:-1] == want, name
