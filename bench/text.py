@@ -165,7 +165,10 @@ def encode_on_target(t, section: bytes, prompt: str, out: Path) -> dict[str, int
     cfg = firmware.link_config(fw, "tok_encode", variant)
     cfg["variant"] = "qemu"  # booted, not shipped: no budget audit of a part image
     elf = out / "tok_encode.elf"
-    firmware.link_image(cfg, [elf, elf.with_suffix(".map")], [*objs, ld])
+    try:
+        firmware.link_image(cfg, [elf, elf.with_suffix(".map")], [*objs, ld])
+    except firmware.FirmwareError as e:
+        raise SystemExit(f"bench/text.py: the encode image: {e}") from None
     res = subprocess.run(firmware.qemu_argv(t, str(elf)), capture_output=True, text=True, timeout=600)
     got = dict(re.findall(r"^(\w+): (.*)$", res.stdout, re.M))
     if res.returncode != 0 or "encode" not in got or got.get("unit") != "instructions":
@@ -265,6 +268,9 @@ def main() -> int:
         print(f"{a.target}: text runtime code {sizes['text']:,} B .text + {sizes['rodata']:,} B .rodata "
               f"(.data {sizes['data']} B, .bss {sizes['bss']} B); the section {len(section):,} B in flash"
               + (f" of {budget:,}" if budget else ""))
+        if budget and len(section) + sizes["text"] + sizes["rodata"] > budget:
+            print(f"{a.target}: the tokenizer does not fit its flash: no time to first token")
+            return 0
         prompt, want = _prompt(hf, strings()[30:], PROMPT_TOKENS)
         (tmp / "enc").mkdir()
         enc = encode_on_target(t, section, prompt, tmp / "enc")

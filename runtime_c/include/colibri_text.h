@@ -25,6 +25,8 @@ extern "C" {
 
 #ifndef COLIBRI_TOK_SCRATCH_BYTES
 #define COLIBRI_TOK_SCRATCH_BYTES 16384u /* one pre-token of up to 2048 symbols */
+/* (with NFC declared, a text segment that needs composing is composed into the scratch first, and its
+ * pre-tokens share the rest) */
 #endif
 
 /* encode flags */
