@@ -181,6 +181,11 @@ def test_malformed_nfc_tables_refused(tmp_path, lib):
         "no nfc flag": w(8, struct.unpack_from("<I", sec, 8)[0] & ~(4 << 16)),
         "no block": w(56, 0), "version 1": w(4, 1),
     }
+    nf = struct.unpack_from("<I", sec, 56)[0]
+    cut = bytearray(sec[:at] + sec[at + 4 * nf:])  # the block taken out, the header's sizes made to agree
+    struct.pack_into("<I", cut, 56, 0)
+    struct.pack_into("<I", cut, 48, struct.unpack_from("<I", sec, 48)[0] - 4 * nf)
+    cases["Q ranges without a block"] = bytes(cut)
     for name, bad in cases.items():
         with pytest.raises(TokenizerError) as e:
             Tokenizer.from_bytes(lib, bad)
