@@ -45,6 +45,12 @@ def qwen2_nfc(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def spm_nfc(tmp_path_factory):  # SentencePiece-style BPE (Metaspace) with NFC declared
+    root = tmp_path_factory.mktemp("sn")
+    return variant(gguf_to_hf("llama-spm", root / "s"), root / "llama-spm-nfc", _nfc)
+
+
+@pytest.fixture(scope="module")
 def deepseek_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("ds")
     return variant(gguf_to_hf("deepseek-llm", root / "d"), root / "deepseek", _deepseek)
@@ -105,8 +111,10 @@ def test_unicode_versions_agree_on_the_strings():
 
 
 @needs_models
-def test_nfc_same_ids_and_text_as_hf(qwen2_nfc, lib):
-    hf, tok = _hf(qwen2_nfc), Tokenizer.from_bytes(lib, pack(load_tokenizer(qwen2_nfc)))
+@pytest.mark.parametrize("which", ["qwen2_nfc", "spm_nfc"])
+def test_nfc_same_ids_and_text_as_hf(request, which, lib):
+    d = request.getfixturevalue(which)
+    hf, tok = _hf(d), Tokenizer.from_bytes(lib, pack(load_tokenizer(d)))
     texts = nfc_strings() + strings()
     bad = []
     for s in texts:
