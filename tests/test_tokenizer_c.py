@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from colibri.codegen.tokenizer import load_tokenizer, pack
+from colibri.toolchain.csources import TEXT_SRC
 
 from cbuild import SAN_ENV, SAN_MARKERS
 from tokvocab import MODELS, ROOT, gguf_to_hf, strings, train_bytelevel
 
-DRIVER = [ROOT / "runtime_c" / "test" / "tok_driver.c", ROOT / "runtime_c" / "src" / "text" / "tok.c"]
+DRIVER = [ROOT / "runtime_c" / "test" / "tok_driver.c", *(ROOT / "runtime_c" / "src" / s for s in TEXT_SRC)]
 FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{ROOT / 'runtime_c' / 'include'}"]
 
 

@@ -63,11 +63,13 @@ def train_bytelevel(path: Path, vocab: int = 320) -> Path:
 
 
 def build_lib(dest: Path, *cflags: str) -> ctypes.CDLL:
-    """runtime_c/src/text/tok.c as a shared library, with the build's warning flags."""
+    """runtime_c/src/text/ (TEXT_SRC) as a shared library, with the build's warning flags."""
+    from colibri.toolchain.csources import TEXT_SRC
+
     so = dest / "libcolibri_text.so"
     subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O2", "-fPIC", "-shared",
-                    f"-I{ROOT / 'runtime_c' / 'include'}", *cflags, str(ROOT / "runtime_c" / "src" / "text" / "tok.c"),
-                    "-o", str(so)], check=True)
+                    f"-I{ROOT / 'runtime_c' / 'include'}", *cflags,
+                    *(str(ROOT / "runtime_c" / "src" / s) for s in TEXT_SRC), "-o", str(so)], check=True)
     return ctypes.CDLL(str(so))
 
 

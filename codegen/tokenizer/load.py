@@ -5,8 +5,9 @@ Supported (everything else is refused with one line naming the component):
     pre-tokenizer (prepend_scheme first/always/never, split false) or as the normalizer pair
     Prepend("▁") + Replace(" ", "▁") (Mixtral, Llama 2, DeepSeek-MoE);
   - byte-level BPE: a ByteLevel pre-tokenizer with the GPT-2 regex (GPT-2, OLMoE's GPT-NeoX style), or
-    Split(regex) + ByteLevel(use_regex=false) with the Llama 3 or the Qwen2 regex; an NFC normalizer
-    where declared.
+    Split(regex) + ByteLevel(use_regex=false) with the Llama 3 or the Qwen2 regex, or DeepSeek LLM/MoE's
+    Sequence of Splits + Digits + ByteLevel (codegen/tokenizer/deepseek.py); an NFC normalizer where
+    declared (composed in C from the section's NFC tables, codegen/tokenizer/nfc.py).
 Added tokens are matched whole in the text before the model (as HF `encode` does); special ones only
 when the caller asks to parse them.
 """
@@ -19,9 +20,10 @@ from typing import Any
 
 from ..errors import ExportError
 from ..safeio import read_json
+from . import deepseek
 
 KIND_SPM, KIND_BYTELEVEL = 1, 2
-PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 = 0, 1, 2, 3
+PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_DEEPSEEK = 0, 1, 2, 3, 4
 
 # The pre-tokenizer regexes the C matchers implement, exactly as tokenizer.json spells them.
 GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -50,6 +52,10 @@ class Tokenizer:
     add_bos: bool = False
     add_eos: bool = False
     categories: tuple[str, ...] = field(default=())
+    class_ranges: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # a category's own ranges
+    # byte-level: the id of each byte's vocabulary entry (DeepSeek also has some of them as added tokens,
+    # whose piece is then the added text, not the byte)
+    byte_ids: tuple[int, ...] = ()
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -92,7 +98,9 @@ def _classify(tj: dict, path: Path) -> tuple[int, int, int, bool]:
     if norm is not None:
         parts = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]
         kinds = [_describe(p) for p in parts]
-        if kinds == ["NFC"]:
+        if not kinds:  # an empty Sequence (DeepSeek's): no normalizer
+            pass
+        elif kinds == ["NFC"]:
             nfc = True
         elif (kinds == ["Prepend", "Replace"] and parts[0].get("prepend") == METASPACE
               and parts[1].get("pattern") == {"String": " "} and parts[1].get("content") == METASPACE):
@@ -113,6 +121,8 @@ def _classify(tj: dict, path: Path) -> tuple[int, int, int, bool]:
         return KIND_BYTELEVEL, PRE_GPT2, 0, nfc
     if pre.get("type") == "Sequence":
         subs = pre.get("pretokenizers", [])
+        if deepseek.is_deepseek(subs):
+            return KIND_BYTELEVEL, PRE_DEEPSEEK, 0, nfc
         if (len(subs) == 2 and subs[0].get("type") == "Split" and subs[1].get("type") == "ByteLevel"
                 and not subs[1].get("use_regex", True) and not subs[1].get("add_prefix_space", False)):
             pat = subs[0].get("pattern", {}).get("Regex")
@@ -242,4 +252,6 @@ def load_tokenizer(ckpt: str | Path) -> Tokenizer:
         bos=bos, eos=eos, unk=vocab.get(unk) if isinstance(unk, str) else None,
         add_bos=bool(add_bos), add_eos=bool(add_eos),
         categories=("L", "N") if kind == KIND_BYTELEVEL else (),
+        class_ranges={"L": deepseek.LETTER_RANGES} if pretok == PRE_DEEPSEEK else {},
+        byte_ids=tuple(vocab[b2u[b]] for b in range(256)) if kind == KIND_BYTELEVEL else (),
     )

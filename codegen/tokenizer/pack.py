@@ -3,8 +3,9 @@
 All words little-endian u32. Header (16 words), then in order: piece offsets [n_vocab+1], ids sorted by
 their piece bytes [n_vocab], merges sorted by (left, right) as (left, right, rank, merged) [4*n_merges],
 added tokens as id | special<<31 [n_added], the 256 byte tokens, the Unicode ranges of each category the
-pre-tokenizer uses (L, N) and, with NFC, of the NFC-unsafe codepoints (Q), as inclusive (first, last)
-pairs, then the piece bytes padded to 4.
+pre-tokenizer uses (L, N; DeepSeek: its letter class as L) and, with NFC, of the NFC-unsafe codepoints (Q),
+as inclusive (first, last) pairs, with NFC the NFC block (codegen/tokenizer/nfc.py), then the piece bytes
+padded to 4.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import functools
 import struct
 import unicodedata
 
+from . import nfc
 from .load import Tokenizer
 
 MAGIC = 0x4B4F5443  # "CTOK"
-VERSION = 1
+VERSION = 2
 HEADER_WORDS = 16
 NONE = 0xFFFFFFFF
 FLAG_IGNORE_MERGES, FLAG_BYTE_FALLBACK, FLAG_NFC = 1, 2, 4
@@ -79,11 +81,11 @@ def pack(tok: Tokenizer) -> bytes:
     order = sorted(range(n), key=lambda i: (tok.pieces[i], i))
     merges = sorted((left, right, rank, merged) for rank, (left, right, merged) in enumerate(tok.merges))
     ids = {p: i for i, p in reversed(list(enumerate(tok.pieces)))}
-    byte_tok = []
-    for b in range(256):
+    byte_tok = list(tok.byte_ids)
+    for b in range(256 if not byte_tok else 0):
         key = bytes([b]) if tok.kind == 2 else f"<0x{b:02X}>".encode()
         byte_tok.append(ids.get(key, NONE) if tok.kind == 2 or tok.byte_fallback else NONE)
-    ranges = {c: category_ranges(c) for c in tok.categories}
+    ranges = {c: tok.class_ranges.get(c) or category_ranges(c) for c in tok.categories}
     if tok.nfc:
         ranges["Q"] = nfc_unsafe_ranges()
     flags = ((FLAG_IGNORE_MERGES if tok.ignore_merges else 0) | (FLAG_BYTE_FALLBACK if tok.byte_fallback else 0)
@@ -99,9 +101,11 @@ def pack(tok: Tokenizer) -> bytes:
     for c in ("L", "N", "Q"):
         for a, b in ranges.get(c, []):
             words += [a, b]
+    nfc_block = nfc.block() if tok.nfc else ()
+    words += nfc_block
     body = struct.pack(f"<{len(words)}I", *words) + blob
     total = HEADER_WORDS * 4 + len(body)
     header = [MAGIC, VERSION, tok.kind | (tok.pretok << 8) | (flags << 16), n, len(merges), len(tok.added),
               _opt(tok.bos), _opt(tok.eos), _opt(tok.unk), len(ranges.get("L", [])), len(ranges.get("N", [])),
-              n_piece_bytes, total, len(ranges.get("Q", [])), 0, 0]
+              n_piece_bytes, total, len(ranges.get("Q", [])), len(nfc_block), 0]
     return struct.pack(f"<{HEADER_WORDS}I", *header) + body

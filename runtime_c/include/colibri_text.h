@@ -25,6 +25,8 @@ extern "C" {
 
 #ifndef COLIBRI_TOK_SCRATCH_BYTES
 #define COLIBRI_TOK_SCRATCH_BYTES 16384u /* one pre-token of up to 2048 symbols */
+/* (with NFC declared, a text segment that needs composing is composed into the scratch first, and its
+ * pre-tokens share the rest) */
 #endif
 
 /* encode flags */
@@ -39,9 +41,9 @@ enum {
     COLIBRI_TOK_E_SECTION = -102,  /* the tokenizer section is malformed (cut short, bad offsets, ...) */
     COLIBRI_TOK_E_VERSION = -103,  /* the section's magic or version is not this runtime's */
     COLIBRI_TOK_E_TOO_LONG = -104, /* the ids do not fit the caller's buffer (e.g. a prompt over max_seq) */
-    COLIBRI_TOK_E_SCRATCH = -105,  /* one pre-token needs more symbols than the scratch holds */
+    COLIBRI_TOK_E_SCRATCH = -105,  /* one pre-token (or a text composed to NFC) needs more than the scratch holds */
     COLIBRI_TOK_E_ID = -106,       /* decode: an id outside the vocabulary */
-    COLIBRI_TOK_E_NFC = -107,      /* the text needs NFC composition, which this build does not carry */
+    COLIBRI_TOK_E_NFC = -107,      /* NFC: a combining sequence longer than COLIBRI_NFC_MAX_SEQ (64) codepoints */
     COLIBRI_TOK_E_NONE = -108      /* the model has no tokenizer section */
 };
 

@@ -66,7 +66,8 @@ int main(int argc, char **argv) {
     if (argc < 5) return 2;
     long count = strtol(argv[3], NULL, 10);
     rng_state = strtoull(argv[4], NULL, 10);
-    static const char sample[] = "Hello, world! 123 \xe2\x96\x81x \xf0\x9f\x91\x8b <s>caf\xc3\xa9\n\n  end\xff";
+    static const char sample[] = "Hello, world! 123 \xe2\x96\x81x \xf0\x9f\x91\x8b <s>caf\xc3\xa9\n\n  end\xff"
+                                 " e\xcc\x81\xcc\xa3 \xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 \xe0\xa4\x95\xe0\xa4\xbc";
     memcpy(texts, sample, sizeof sample);
     long accepted = 0, refused = 0;
     for (long it = 0; it < count; it++) {

@@ -6,8 +6,12 @@
 
 #include <string.h>
 
+#include "nfc.h"
+#include "pre_deepseek.h"
+#include "textint.h"
+
 #define TOK_MAGIC 0x4B4F5443u
-#define TOK_VERSION 1u
+#define TOK_VERSION 2u
 #define TOK_HEADER_WORDS 16u
 #define TOK_NONE 0xFFFFFFFFu
 #define KIND_SPM 1u
@@ -16,13 +20,13 @@
 #define PRE_GPT2 1u
 #define PRE_LLAMA3 2u
 #define PRE_QWEN2 3u
+#define PRE_DEEPSEEK 4u
 #define F_IGNORE_MERGES 1u
 #define F_BYTE_FALLBACK 2u
 #define F_NFC 4u
 #define F_ADD_BOS (1u << 5)
 #define F_ADD_EOS (1u << 6)
 #define SPECIAL_BIT 0x80000000u
-#define REPLACEMENT 0xFFFDu
 
 static uint32_t prepend_scheme(const colibri_tok *t) { return (t->flags >> 3) & 3u; }
 
@@ -56,13 +60,14 @@ int colibri_tok_init(colibri_tok *t, const void *section, size_t len) {
     if (h[0] != TOK_MAGIC || h[1] != TOK_VERSION) return COLIBRI_TOK_E_VERSION;
     uint32_t kind = h[2] & 0xFFu, pretok = (h[2] >> 8) & 0xFFu, flags = h[2] >> 16;
     uint32_t nv = h[3], nm = h[4], na = h[5], nl = h[9], nn = h[10], pb = h[11], total = h[12], nq = h[13];
+    uint32_t nf = h[14]; /* the NFC block's words */
     if (total > len || (total & 3u) || nv == 0 || nv > (1u << 24) || nm > (1u << 26) || na > nv) return COLIBRI_TOK_E_SECTION;
-    if (nl > (1u << 20) || nn > (1u << 20) || nq > (1u << 20)) return COLIBRI_TOK_E_SECTION;
+    if (nl > (1u << 20) || nn > (1u << 20) || nq > (1u << 20) || nf > (1u << 24) || h[15]) return COLIBRI_TOK_E_SECTION;
     if (!(kind == KIND_SPM && pretok == PRE_NONE) &&
-        !(kind == KIND_BYTELEVEL && pretok >= PRE_GPT2 && pretok <= PRE_QWEN2 && nl && nn))
+        !(kind == KIND_BYTELEVEL && pretok >= PRE_GPT2 && pretok <= PRE_DEEPSEEK && nl && nn))
         return COLIBRI_TOK_E_SECTION;
-    if (((flags & F_NFC) != 0) != (nq != 0) || (kind != KIND_SPM && ((flags >> 3) & 3u))) return COLIBRI_TOK_E_SECTION;
-    uint64_t words = (uint64_t)TOK_HEADER_WORDS + (nv + 1u) + nv + 4ull * nm + na + 256u + 2ull * (nl + nn + nq);
+    if (((flags & F_NFC) != 0) != (nq != 0) || (nq != 0) != (nf != 0) || (kind != KIND_SPM && ((flags >> 3) & 3u))) return COLIBRI_TOK_E_SECTION;
+    uint64_t words = (uint64_t)TOK_HEADER_WORDS + (nv + 1u) + nv + 4ull * nm + na + 256u + 2ull * (nl + nn + nq) + nf;
     uint64_t need = words * 4u + (((uint64_t)pb + 3u) & ~3ull);
     if (need != total) return COLIBRI_TOK_E_SECTION;
     const uint32_t *w = h + TOK_HEADER_WORDS;
@@ -76,6 +81,7 @@ int colibri_tok_init(colibri_tok *t, const void *section, size_t len) {
     t->lranges = w; w += 2u * nl;
     t->nranges = w; w += 2u * nn;
     const uint32_t *qranges = w; w += 2u * nq;
+    const uint32_t *nfc = w; w += nf;
     t->pieces = (const uint8_t *)w;
     t->n_vocab = nv; t->n_merges = nm; t->n_added = na; t->n_l = nl; t->n_n = nn;
     t->kind = kind; t->pretok = pretok; t->flags = flags;
@@ -110,6 +116,7 @@ int colibri_tok_init(colibri_tok *t, const void *section, size_t len) {
     for (int k = 6; !bad && k <= 8; k++)
         if (h[k] != TOK_NONE && h[k] >= nv) bad = 1;
     if (!bad && (!check_ranges(t->lranges, nl) || !check_ranges(t->nranges, nn) || !check_ranges(qranges, nq))) bad = 1;
+    if (!bad && nf && colibri_nfc_check(nfc, nf) != COLIBRI_TOK_OK) bad = 1;
     if (bad) { memset(t, 0, sizeof *t); return COLIBRI_TOK_E_SECTION; }
     return COLIBRI_TOK_OK;
 }
@@ -125,64 +132,15 @@ const char *colibri_tok_strerror(int status) {
     case COLIBRI_TOK_E_SECTION: return "malformed tokenizer section";
     case COLIBRI_TOK_E_VERSION: return "tokenizer section magic or version not supported";
     case COLIBRI_TOK_E_TOO_LONG: return "the ids do not fit the buffer (text too long)";
-    case COLIBRI_TOK_E_SCRATCH: return "a pre-token is longer than the tokenizer scratch holds";
+    case COLIBRI_TOK_E_SCRATCH: return "a pre-token (or a text composed to NFC) is longer than the tokenizer scratch holds";
     case COLIBRI_TOK_E_ID: return "token id outside the vocabulary";
-    case COLIBRI_TOK_E_NFC: return "text needs NFC composition, not supported by this build";
+    case COLIBRI_TOK_E_NFC: return "a combining sequence is longer than NFC composition handles (64 codepoints)";
     case COLIBRI_TOK_E_NONE: return "the model has no tokenizer";
     default: return "unknown tokenizer status";
     }
 }
 
-/* ---- UTF-8 (invalid sequences: one U+FFFD per maximal subpart, as Python's "replace") ---- */
-
-static size_t next_cp(const uint8_t *s, size_t len, size_t i, uint32_t *cp) {
-    uint8_t c = s[i];
-    if (c < 0x80) { *cp = c; return i + 1; }
-    uint32_t need, v;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) { need = 1; v = c & 0x1Fu; }
-    else if (c >= 0xE0 && c <= 0xEF) { need = 2; v = c & 0x0Fu; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { need = 3; v = c & 0x07u; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else { *cp = REPLACEMENT; return i + 1; }
-    size_t j = i + 1;
-    for (uint32_t k = 0; k < need; k++, j++) {
-        if (j >= len || s[j] < lo || s[j] > hi) { *cp = REPLACEMENT; return j; }
-        v = (v << 6) | (s[j] & 0x3Fu);
-        lo = 0x80; hi = 0xBF;
-    }
-    *cp = v;
-    return j;
-}
-
-static size_t put_utf8(uint32_t cp, uint8_t *o) {
-    if (cp < 0x80) { o[0] = (uint8_t)cp; return 1; }
-    if (cp < 0x800) { o[0] = (uint8_t)(0xC0 | (cp >> 6)); o[1] = (uint8_t)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (uint8_t)(0xE0 | (cp >> 12)); o[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (uint8_t)(0xF0 | (cp >> 18)); o[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* ---- character classes ---- */
-
-static int in_ranges(const uint32_t *r, uint32_t n, uint32_t cp) {
-    uint32_t lo = 0, hi = n;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2u;
-        if (cp < r[2 * mid]) hi = mid;
-        else if (cp > r[2 * mid + 1]) lo = mid + 1u;
-        else return 1;
-    }
-    return 0;
-}
-
-static int is_ws(uint32_t c) { /* Unicode White_Space, the \s of the tokenizers' regex engine */
-    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
 
 typedef struct { const colibri_tok *t; const uint8_t *s; size_t len; } scan;
 
@@ -329,7 +287,18 @@ typedef struct {
     uint8_t *bytes; /* the current pre-token's bytes */
     uint32_t *sym, *mrg;
     size_t max_bytes;
+    uint8_t *scratch;
+    size_t scratch_bytes;
 } work;
+
+/* the scratch: the pre-token's bytes, its symbols and their merges (9 bytes per byte of pre-token) */
+static void work_scratch(work *w, uint8_t *scratch, size_t scratch_bytes) {
+    size_t max_bytes = scratch_bytes / 9u & ~(size_t)3u;
+    w->bytes = scratch;
+    w->sym = (uint32_t *)(scratch + max_bytes);
+    w->mrg = (uint32_t *)(scratch + 5u * max_bytes);
+    w->max_bytes = max_bytes;
+}
 
 static int emit(work *w, uint32_t id) {
     if (w->n >= w->cap) return COLIBRI_TOK_E_TOO_LONG;
@@ -386,6 +355,16 @@ static int bytelevel_word(const colibri_tok *t, work *w, const scan *x, size_t i
 static int bytelevel_segment(const colibri_tok *t, work *w, const uint8_t *s, size_t len) {
     scan x = {t, s, len};
     size_t i = 0;
+    if (t->pretok == PRE_DEEPSEEK) {
+        colibri_ds_iter it;
+        size_t e;
+        colibri_ds_begin(&it, s, len, t->lranges, t->n_l, t->nranges, t->n_n);
+        while (colibri_ds_next(&it, &i, &e)) {
+            int rc = bytelevel_word(t, w, &x, i, e);
+            if (rc) return rc;
+        }
+        return COLIBRI_TOK_OK;
+    }
     while (i < len) {
         size_t e = t->pretok == PRE_GPT2 ? match_gpt2(&x, i) : match_llama3(&x, i, t->pretok == PRE_LLAMA3 ? 3u : 1u);
         if (e <= i) return COLIBRI_TOK_E_SECTION; /* cannot happen: every matcher consumes a character */
@@ -430,16 +409,36 @@ static int spm_segment(const colibri_tok *t, work *w, const uint8_t *s, size_t l
     return bpe(t, w, m);
 }
 
+static int model_segment(const colibri_tok *t, work *w, const uint8_t *s, size_t len, int first) {
+    return t->kind == KIND_SPM ? spm_segment(t, w, s, len, first) : bytelevel_segment(t, w, s, len);
+}
+
+/* NFC (where the section declares it and the text has a codepoint NFC may change): the text composed
+ * into the start of the scratch, the pre-token work in the rest */
+static int nfc_segment(const colibri_tok *t, work *w, const uint8_t *s, size_t len, int first) {
+    size_t n;
+    const uint32_t *block = (const uint32_t *)(const void *)t->pieces - t->hdr[14];
+    int rc = colibri_nfc_compose(block, s, len, w->scratch, w->scratch_bytes, &n);
+    if (rc) return rc;
+    size_t used = (n + 3u) & ~(size_t)3u;
+    if (used > w->scratch_bytes) used = w->scratch_bytes;
+    work v = *w;
+    work_scratch(&v, w->scratch + used, w->scratch_bytes - used);
+    rc = model_segment(t, &v, w->scratch, n, first);
+    w->n = v.n;
+    return rc;
+}
+
 static int segment(const colibri_tok *t, work *w, const uint8_t *s, size_t len, int first) {
     if (!len) return COLIBRI_TOK_OK;
     if (t->flags & F_NFC) {
         for (size_t i = 0; i < len;) {
             uint32_t cp;
             i = next_cp(s, len, i, &cp);
-            if (nfc_unsafe(t, cp)) return COLIBRI_TOK_E_NFC;
+            if (nfc_unsafe(t, cp)) return nfc_segment(t, w, s, len, first);
         }
     }
-    return t->kind == KIND_SPM ? spm_segment(t, w, s, len, first) : bytelevel_segment(t, w, s, len);
+    return model_segment(t, w, s, len, first);
 }
 
 /* the longest added token at s[i..] (special ones only when parsing them): its index, or NONE */
@@ -461,10 +460,8 @@ int colibri_tok_encode(const colibri_tok *t, const char *text, size_t len, unsig
     if (!t || !t->hdr || (!text && len) || (!ids && cap) || !n_ids || (!scratch && scratch_bytes) ||
         ((uintptr_t)scratch & 3u))
         return COLIBRI_TOK_E_ARG;
-    /* scratch: the pre-token's bytes, its symbols and their merges (9 bytes per byte of pre-token) */
-    size_t max_bytes = scratch_bytes / 9u & ~(size_t)3u;
-    work w = {ids, cap, 0, (uint8_t *)scratch, (uint32_t *)((uint8_t *)scratch + max_bytes),
-              (uint32_t *)((uint8_t *)scratch + 5u * max_bytes), max_bytes};
+    work w = {ids, cap, 0, NULL, NULL, NULL, 0, (uint8_t *)scratch, scratch_bytes};
+    work_scratch(&w, (uint8_t *)scratch, scratch_bytes);
     const uint8_t *s = (const uint8_t *)text;
     int rc = COLIBRI_TOK_OK;
     if ((flags & COLIBRI_TOK_SPECIAL) && (t->flags & F_ADD_BOS) && t->hdr[6] != TOK_NONE) rc = emit(&w, t->hdr[6]);
@@ -490,6 +487,19 @@ static int hexval(uint8_t c) {
     return -1;
 }
 
+/* Byte-level: an added token whose text is one character of the ByteLevel alphabet and whose id is that
+ * byte's vocabulary entry (DeepSeek's "ü", "À", ...) decodes, as HF's ByteLevel decoder does, to the byte */
+static int added_byte(const colibri_tok *t, uint32_t id, const uint8_t *p) {
+    uint32_t cp;
+    if (next_cp(p, 2, 0, &cp) != 2) return -1;
+    int b = -1;
+    if ((cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) b = (int)cp;
+    else if (cp >= 0x100 && cp <= 0x120) b = (int)(cp - 0x100);        /* bytes 0x00-0x20 */
+    else if (cp >= 0x121 && cp <= 0x142) b = (int)(cp - 0x121 + 0x7F); /* bytes 0x7F-0xA0 */
+    else if (cp == 0x143) b = 0xAD;
+    return (b >= 0 && t->byte_tok[b] == id) ? b : -1;
+}
+
 int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *buf, size_t cap, size_t *n_bytes) {
     if (n_bytes) *n_bytes = 0;
     if (!t || !t->hdr || !n_bytes || (!buf && cap)) return COLIBRI_TOK_E_ARG;
@@ -498,6 +508,13 @@ int colibri_tok_decode(const colibri_tok *t, int32_t id, unsigned flags, char *b
     const uint8_t *p = piece(t, (uint32_t)id, &pn);
     size_t n = 0;
     if (t->kind == KIND_BYTELEVEL) {
+        int b = pn == 2 ? added_byte(t, (uint32_t)id, p) : -1;
+        if (b >= 0) {
+            if (cap < 1) return COLIBRI_TOK_E_TOO_LONG;
+            buf[0] = (char)b;
+            *n_bytes = 1;
+            return COLIBRI_TOK_OK;
+        }
         if (pn > cap) return COLIBRI_TOK_E_TOO_LONG;
         if (pn) memcpy(buf, p, pn);
         *n_bytes = pn;
