@@ -28,7 +28,7 @@ from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
 from .stream import pool_workers, quantize_all
-from .tokenizer import TOKENIZER_FILE, load_tokenizer, pack
+from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
 MAX_SEQ_LIMIT = 1 << 20  # KV cache positions: more is no embedded model
@@ -143,7 +143,7 @@ def tokenizer_section(ckpt_dir: Path, vocab: int) -> bytes | None:
 
 def _chat(ckpt_dir: Path) -> dict | None:
     """tokenizer_config.json's chat template as {"prefix", "suffix"} (codegen/chat.py), None without one.
-    Stored in the manifest; the blob's tokenizer section takes the same two strings once it exists."""
+    Stored in the manifest."""
     from .chat import ChatTemplateError, chat_parts
 
     path = ckpt_dir / "tokenizer_config.json"
@@ -272,7 +272,8 @@ def export(
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block, kv=opts.kv)
-    order = blob_names(spec)
+    tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
+    order = blob_names(spec, tokenizer=tok_section is not None)  # the tokenizer section last
     names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
     src_sizes = _source_bytes(source, spec, names)
@@ -281,11 +282,7 @@ def export(
     rows: list[dict] = []
     sq_err = sq_norm = 0.0
     progress = tensor_progress(report, terminal, len(names), src_bytes)
-    tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
     with staged_dir(Path(out_dir), protect=(ckpt.path,)) as tmp:
-        if tok_section is not None:
-            with unnamed_file(tmp / TOKENIZER_FILE) as f:
-                f.write(tok_section)
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
             derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
@@ -302,6 +299,8 @@ def export(
                         writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
+            if tok_section is not None:
+                writer.add_section("tokenizer", tok_section)
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
             prediction = _probe(spec, source, f, order, max_seq) if keep else None
         if pruning is not None:
@@ -322,7 +321,7 @@ def export(
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
-                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS),
+                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS, writer.tokenizer),
                      "layout": opts.layout if q8 else "rows", "int8_activations": q8,
                      "kv_cache": opts.kv},
             "arena": plan.to_json(),
@@ -334,7 +333,9 @@ def export(
             "predicted_logit_error": prediction,
             "predict_requested": opts.predict,
             "pruning": pruning,
-            "tokenizer": None if tok_section is None else {"file": TOKENIZER_FILE, "bytes": len(tok_section)},
+            # the section inside model.bin (its TOKENIZER entry): where, and its bytes for the size audit
+            "tokenizer": None if tok_section is None else {"offset": writer.records[-1].offset,
+                                                           "bytes": len(tok_section)},
             "default_prompt": prompt,
             "default_generate": generate,
             "chat": chat,
@@ -346,7 +347,7 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": generate, "flags": blob_flags(spec, plan),
+            "prompt": prompt, "generate": generate, "flags": blob_flags(spec, plan, writer.tokenizer),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))

@@ -45,9 +45,19 @@ def runtime_env(tmp_path_factory):
     return {**os.environ, "COLIBRI_RUNTIME": str(so)}
 
 
-def test_export_writes_the_section(exported):
+def test_export_writes_the_section(ckpt, exported):
+    """The section is the last entry of model.bin (read by the independent blobread.py), not a file beside
+    it; the manifest gives its bytes and offset."""
+    import blobread
+
+    from colibri.codegen.tokenizer import load_tokenizer, pack
+
     m = json.loads((exported / "manifest.json").read_text())
-    assert m["tokenizer"]["bytes"] == (exported / "tokenizer.bin").stat().st_size > 0
+    raw = (exported / "model.bin").read_bytes()
+    section = blobread.tokenizer_section(raw)
+    assert section == pack(load_tokenizer(ckpt)) and len(section) > 0
+    assert m["tokenizer"] == {"bytes": len(section), "offset": blobread.entries(raw)[-1]["data_off"]}
+    assert not (exported / "tokenizer.bin").exists()
 
 
 def test_tokenize_detokenize_as_hf(ckpt, exported, runtime_env):
