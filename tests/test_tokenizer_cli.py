@@ -48,9 +48,9 @@ def runtime_env(tmp_path_factory):
 def test_export_writes_the_section(ckpt, exported):
     """The section is the last entry of model.bin (read by the independent blobread.py), not a file beside
     it; the manifest gives its bytes and offset."""
-    import blobread
-
     from colibri.codegen.tokenizer import load_tokenizer, pack
+
+    import blobread
 
     m = json.loads((exported / "manifest.json").read_text())
     raw = (exported / "model.bin").read_bytes()
