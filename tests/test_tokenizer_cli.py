@@ -116,3 +116,11 @@ def test_binding_through_the_built_runtime(ckpt, exported, build_model):
         m.tokenize(long)
     assert e.value.status == -104
     assert len(m.tokenize("Hello world " * (m.max_seq // 4))) <= m.max_seq
+    # the model library: its linked-in blob carries the same section (no file beside it is read)
+    so = out / "libcolibri_tokmodel.so"
+    lib_model = load(so)
+    assert lib_model.tokenize(TEXTS[0]) == hf.encode(TEXTS[0], add_special_tokens=False).ids
+    res = _colibri("tokenize", str(so), TEXTS[2])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ",".join(map(str, hf.encode(TEXTS[2], add_special_tokens=False).ids))
+    assert not list(out.glob("tokenizer.bin"))
