@@ -100,10 +100,18 @@ def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
     if unknown:
         raise ExportError(path, f"unknown key {unknown[0]!r} (known: {', '.join(DEMO_KEYS)})")
     out = {}
-    if "prompt" in data:
+    if "prompt" in data and isinstance(data["prompt"], str):  # text: tokenized on the device (C tokenizer)
+        text = data["prompt"]
+        if not text:
+            raise ExportError(path, "key 'prompt': an empty text")
+        try:
+            out["prompt_text"] = list(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ExportError(path, "key 'prompt': the text holds a lone surrogate, not UTF-8") from None
+    elif "prompt" in data:
         prompt = data["prompt"]
         if not isinstance(prompt, list):
-            raise ExportError(path, f"key 'prompt': expected a list of token ids, got {_short(prompt)}")
+            raise ExportError(path, f"key 'prompt': expected a list of token ids or a text, got {_short(prompt)}")
         for i, t in enumerate(prompt):
             if not _is_int(t):
                 raise ExportError(path, f"key 'prompt': element {i} is {_short(t)}, not an integer token id")
@@ -156,7 +164,8 @@ def _chat(ckpt_dir: Path) -> dict | None:
     return parts.to_json() if parts else None
 
 
-def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int, dict]:
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
+                      ) -> tuple[int, list[int], int, dict, list[int]]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -202,7 +211,12 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if len(prompt) + generate > max_seq:
         raise ExportError(ckpt_dir, f"{prompt_from} ({len(prompt)} tokens) + {gen_from} ({generate} tokens) exceed "
                                     f"max_seq {max_seq}, the KV cache positions of the model (--max-seq)")
-    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS))
+    # a text prompt (its UTF-8 bytes) is the demo's default unless --prompt gives ids; it needs the tokenizer
+    text = [] if opts.prompt else demo.get("prompt_text", [])
+    if text and not (opts.tokenizer and (ckpt_dir / "tokenizer.json").exists()):
+        raise ExportError(where, "key 'prompt': a text prompt needs the model's tokenizer (tokenizer.json, "
+                                 "without --no-tokenizer)")
+    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS)), text
 
 
 def predict_logit_error(spec: ModelSpec, exact: dict | WeightSource, approx: dict | WeightSource, max_seq: int,
@@ -263,7 +277,7 @@ def export(
     ckpt_dir = Path(ckpt_dir)
     if opts.outlier_frac is None:  # the quantization's own default
         opts = replace(opts, outlier_frac=default_outlier_frac(opts.quant))
-    max_seq, prompt, generate, sample_cfg = _validate_options(ckpt_dir, spec, opts)
+    max_seq, prompt, generate, sample_cfg, prompt_text = _validate_options(ckpt_dir, spec, opts)
     chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
@@ -337,6 +351,7 @@ def export(
             "tokenizer": None if tok_section is None else {"offset": writer.records[-1].offset,
                                                            "bytes": len(tok_section)},
             "default_prompt": prompt,
+            "default_prompt_text": bytes(prompt_text).decode("utf-8") if prompt_text else None,
             "default_generate": generate,
             "chat": chat,
             "default_sampling": sample_cfg,
@@ -347,7 +362,7 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": generate, "flags": blob_flags(spec, plan, writer.tokenizer),
+            "prompt": prompt, "prompt_text": prompt_text, "generate": generate, "flags": blob_flags(spec, plan, writer.tokenizer),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))
