@@ -362,7 +362,8 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "prompt_text": prompt_text, "generate": generate, "flags": blob_flags(spec, plan, writer.tokenizer),
+            "prompt": prompt, "prompt_text": prompt_text, "generate": generate,
+            "flags": blob_flags(spec, plan, writer.tokenizer),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))

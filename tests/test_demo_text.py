@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +17,20 @@ PROMPT = "123+456="
 GENERATE = 6
 
 
+def text_ckpt(tmp_path_factory) -> Path:
+    """The session's model with a tokenizer and a text prompt (one directory, so build_model builds it once
+    for every test file that uses it)."""
+    d = Path(tmp_path_factory.getbasetemp()) / "demotext" / "demotext"
+    if not (d / "colibri.json").exists():
+        synth(d, layers=1, hidden=16, ffn=24, heads=2, kv_heads=1, experts=2, top_k=1, vocab=320, seed=5)
+        train_bytelevel(d, 320)
+        (d / "colibri.json").write_text(json.dumps({"prompt": PROMPT, "generate": GENERATE}))
+    return d
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    d = synth(tmp_path_factory.mktemp("demotext") / "demotext", layers=1, hidden=16, ffn=24, heads=2, kv_heads=1,
-              experts=2, top_k=1, vocab=320, seed=5)
-    train_bytelevel(d, 320)
-    (d / "colibri.json").write_text(json.dumps({"prompt": PROMPT, "generate": GENERATE}))
-    return d
+    return text_ckpt(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
