@@ -104,3 +104,15 @@ def test_text_prompt_needs_the_tokenizer(ckpt, tmp_path):
                           "--no-tokenizer"], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "text prompt needs" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_binding_generate_text_from_the_blob(out, hf):
+    """Model.generate_text with a text prompt and no pieces=: the blob's tokenizer both ways."""
+    from colibri.runtime import load
+
+    m = load(next(out.glob("libcolibri_*.so")))
+    chunks: list[str] = []
+    text = m.generate_text(PROMPT, 8, on_text=chunks.append)
+    m.reset()
+    ids = m.generate(hf.encode(PROMPT, add_special_tokens=False).ids, 8)
+    assert text == "".join(chunks) == hf.decode(ids, skip_special_tokens=False)

@@ -171,6 +171,10 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._text().decode(ids)
 
+    def token_piece(self, id: int) -> tuple[bytes, int]:
+        """The piece decoder of generate_text: one id's bytes and kind, by the blob's tokenizer."""
+        return self._text().piece(id)
+
     def reset(self) -> None:
         self._check(self._lib.colibri_reset(self._ctx))
 
@@ -202,7 +206,7 @@ class Model:
         return out
 
     def _pieces(self, pieces: PieceDecoder | None) -> PieceDecoder:
-        """The piece decoder: the given one, else the model's tokenizer's (token_piece, once the blob has one)."""
+        """The piece decoder: the given one, else the model's tokenizer's (token_piece)."""
         found = pieces or getattr(self, "token_piece", None)
         if found is None:
             raise ValueError("this model has no tokenizer: pass pieces= (a callable id -> (bytes, kind))")

@@ -13,6 +13,16 @@ import numpy as np
 SCRATCH_BYTES = 1 << 20  # the binding's scratch: one pre-token of up to ~116k bytes
 PARSE_SPECIAL, SPECIAL, FIRST = 2, 1, 1
 _WORDS = 32  # sizeof(colibri_tok) is well under 32 * 8 bytes
+KIND_SPM, F_BYTE_FALLBACK = 1, 2  # FORMAT.md "Tokenizer": word 2's kind and flags
+
+
+class _TokView(ctypes.Structure):
+    """colibri_tok's fields (colibri_text.h), to read which ids are byte-fallback tokens."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("base", "hdr", "offs", "sorted", "merges", "added", "byte_tok",
+                                                "lranges", "nranges", "pieces")] + \
+               [(n, ctypes.c_uint32) for n in ("n_vocab", "n_merges", "n_added", "n_l", "n_n", "kind", "pretok",
+                                                "flags")]
 
 
 class TokenizerError(RuntimeError):
@@ -60,6 +70,9 @@ class Tokenizer:
         self._check(status)
         self._scratch = np.zeros(SCRATCH_BYTES // 4, dtype=np.uint32)
         self.vocab = lib.colibri_tok_vocab(self._tok)
+        view = _TokView.from_buffer(self._tok)
+        byte_fallback = view.kind == KIND_SPM and view.flags & F_BYTE_FALLBACK
+        self.byte_ids = frozenset((ctypes.c_uint32 * 256).from_address(view.byte_tok)) if byte_fallback else frozenset()
 
     @classmethod
     def from_bytes(cls, lib: ctypes.CDLL, section: bytes) -> Tokenizer:
@@ -90,6 +103,19 @@ class Tokenizer:
                                                      ctypes.byref(n)))
             out += buf.raw[: n.value]
         return bytes(out)
+
+    def piece(self, id: int) -> tuple[bytes, int]:
+        """One generated id's bytes and kind for streaming (sampling.Utf8Stream): BYTE for a byte-fallback
+        token, else TEXT. An id of the model's vocabulary the tokenizer lacks has no bytes (HF decode skips
+        it, as colibri_demo does)."""
+        from .sampling import BYTE, TEXT
+
+        if not 0 <= int(id) < self.vocab:
+            return b"", TEXT
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ctypes.c_size_t()
+        self._check(self._lib.colibri_tok_decode(self._tok, int(id), 0, buf, len(buf), ctypes.byref(n)))
+        return buf.raw[: n.value], BYTE if int(id) in self.byte_ids else TEXT
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", "replace")
