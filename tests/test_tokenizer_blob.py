@@ -84,3 +84,15 @@ def test_bad_entry_or_section_is_refused(lib, seed, what):
     else:  # n_tensors beyond what the blob holds
         struct.pack_into("<I", raw, 24, len(raw))
     assert _status(lib, bytes(raw)) == E_SECTION
+
+
+def test_inspect_shows_the_section(seed):
+    """colibri inspect: the section's bytes on their own line, not counted as weights; the TOKENIZER flag is
+    no model feature (the family stays Mixtral)."""
+    from colibri.codegen.inspect import format_report, inspect
+
+    raw = seed.read_bytes()
+    info = inspect(seed)
+    assert info["tokenizer_bytes"] == len(blobread.tokenizer_section(raw))
+    assert info["family"] == "mixtral-like" and "quantization" in info and "?7" not in info["quantization"]
+    assert f"tokenizer section: {len(blobread.tokenizer_section(raw)):,} bytes" in format_report(info)
