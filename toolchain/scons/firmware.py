@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES, TEXT_SRC
+from ..csources import OPT_CFLAGS, RUNTIME_DIR, RUNTIME_SRC, SPECIALISED_DEFINES
 from ..firmware import (
     COMMON_SRC,
     FAMILIES,
@@ -62,8 +62,9 @@ def _envs(env, t: Target, gen: dict):
 
 def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple[list, list, list]:
     """Runtime and model objects; the application objects of the part's image; those of the QEMU image."""
+    from ..csources import TEXT_SRC  # the text runtime too: an image whose main calls none of it links none of it
+
     t, fam = fw.target, FAMILIES[fw.family]
-    # the text runtime too: an image whose main calls none of it links none of it (--gc-sections)
     runtime = [_compile(runtime_env, objs, Path(s).stem, file_node(fenv, RUNTIME_DIR / "src" / s))
                for s in RUNTIME_SRC + TEXT_SRC]
     blob = _assemble(fenv, objs, "model_blob", gen["model_blob.S"],

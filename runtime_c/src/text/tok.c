@@ -2,11 +2,10 @@
  * SentencePiece metaspace or a byte-level pre-tokenizer (hand-written matchers for the GPT-2, Llama 3
  * and Qwen2 regexes over the section's Unicode tables), then BPE by merge rank. No malloc, no
  * recursion, no globals; every read is within the section validated by colibri_tok_init. */
+#include "../cb_format.h" /* colibri_tok_from_blob: where the blob's table is */
 #include "colibri_text.h"
 
 #include <string.h>
-
-#include "../cb_format.h"
 
 #define TOK_MAGIC 0x4B4F5443u
 #define TOK_VERSION 1u
