@@ -41,8 +41,8 @@ class TensorRecord:
     n_outliers: int
 
 
-def format_version(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> str:
-    return f"{fmt.VERSION_MAJOR}.{format_minor(spec, plan, int4)}"
+def format_version(spec: ModelSpec, plan: ArenaPlan, int4: bool = False, tokenizer: bool = False) -> str:
+    return f"{fmt.VERSION_MAJOR}.{format_minor(spec, plan, int4, tokenizer)}"
 
 
 def dense_bitmap(spec: ModelSpec) -> bytes:
@@ -56,13 +56,13 @@ def header_bytes(n_tensors: int) -> int:
     return align_up(HEADER_BYTES + ENTRY_BYTES * n_tensors, ALIGN)
 
 
-def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False) -> int:
-    return fmt.blob_minor(blob_flags(spec, plan), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
+def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False, tokenizer: bool = False) -> int:
+    return fmt.blob_minor(blob_flags(spec, plan, tokenizer), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
 
 
-def blob_flags(spec: ModelSpec, plan: ArenaPlan) -> int:
-    """The header's flags: the model's features and the plan's KV cache precision."""
-    return feature_flags(spec) | fmt.KV_FLAG[plan.kv]
+def blob_flags(spec: ModelSpec, plan: ArenaPlan, tokenizer: bool = False) -> int:
+    """The header's flags: the model's features, the plan's KV cache precision, TOKENIZER with a section."""
+    return feature_flags(spec) | fmt.KV_FLAG[plan.kv] | (fmt.FLAG["TOKENIZER"] if tokenizer else 0)
 
 
 class BlobWriter:
@@ -75,6 +75,7 @@ class BlobWriter:
         self.entries: list[bytes] = []
         self.records: list[TensorRecord] = []
         self.int4 = False  # an int4/int4c tensor was written: format 1.3
+        self.tokenizer = False  # the tokenizer section was written (the table's last entry)
         f.seek(self.pos)
 
     def _put(self, arr: np.ndarray) -> int:
@@ -122,14 +123,25 @@ class BlobWriter:
             TensorRecord(name, qt.dtype, qt.rows, qt.cols, data_off, self.pos - data_off, n_out)
         )
 
+    def add_section(self, name: str, data: bytes) -> None:
+        """A section of raw bytes after the weights (FORMAT.md "Tokenizer"): a U8 entry of len(data) rows."""
+        kind, layer, expert = kind_of(name)
+        if kind != fmt.KIND["TOKENIZER"].code or not data:
+            raise AssertionError(f"{name}: not a non-empty section")
+        data_off = self._put(np.frombuffer(data, dtype=np.uint8))
+        self.tokenizer = True
+        self.entries.append(fmt.pack_entry(kind=kind, layer=layer, expert=expert, dtype=fmt.BYTES_DTYPE,
+                                           rows=len(data), cols=1, row_stride=1, data_off=data_off))
+        self.records.append(TensorRecord(name, "u8", len(data), 1, data_off, len(data), 0))
+
     def finish(self, spec: ModelSpec, max_seq: int, plan: ArenaPlan) -> tuple[int, int]:
         """Write header and table, pad to 64 bytes, stamp the CRC. Returns (blob_bytes, crc32)."""
         if len(self.entries) != self.n_tensors:
             raise AssertionError(f"blob has {len(self.entries)} tensors, expected {self.n_tensors}")
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
-        flags = blob_flags(spec, plan)
-        minor = format_minor(spec, plan, self.int4)
+        flags = blob_flags(spec, plan, self.tokenizer)
+        minor = format_minor(spec, plan, self.int4, self.tokenizer)
         xq = plan.buffers[-1].offset if plan.buffers[-1].name == fmt.XQ_BUFFER.name else 0
         if self.int4 and not xq:
             raise AssertionError("int4 tensors need the integer-matmul plan (an xq buffer)")

@@ -23,8 +23,9 @@ TEMPLATES = ("model.h", "model.c", "model_blob.S")
 MANIFEST = "manifest.json"
 # Every file an export writes; a directory holding only these, with a manifest.json whose "generator"
 # names colibri, is a previous export and may be replaced.
-TOKENIZER_FILE = "tokenizer.bin"  # the tokenizer section, beside model.bin, when the checkpoint has one
-EXPORT_FILES = frozenset((*TEMPLATES, "model.bin", MANIFEST, TOKENIZER_FILE))
+# tokenizer.bin: the tokenizer section, written beside model.bin by earlier versions (now inside model.bin);
+# still a file of a previous export that may be replaced
+EXPORT_FILES = frozenset((*TEMPLATES, "model.bin", MANIFEST, "tokenizer.bin"))
 GENERATOR_PREFIX = "colibri "  # manifest.json's "generator": "colibri <version>"
 
 
@@ -69,7 +70,7 @@ def templates() -> dict[str, jinja2.Template]:
 
 
 def render_sources(out_dir: Path, context: dict) -> None:
-    for key in ("prompt", "sampling_stop"):
+    for key in ("prompt", "prompt_text", "sampling_stop"):
         if any(isinstance(t, bool) or not isinstance(t, int) for t in context[key]):
             raise ValueError(f"template {key} holds a non-integer")
     for name in TEMPLATES:

@@ -28,7 +28,7 @@ from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
 from .stream import pool_workers, quantize_all
-from .tokenizer import TOKENIZER_FILE, load_tokenizer, pack
+from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
 MAX_SEQ_LIMIT = 1 << 20  # KV cache positions: more is no embedded model
@@ -100,10 +100,18 @@ def _demo_defaults(ckpt_dir: Path, vocab: int) -> dict:
     if unknown:
         raise ExportError(path, f"unknown key {unknown[0]!r} (known: {', '.join(DEMO_KEYS)})")
     out = {}
-    if "prompt" in data:
+    if "prompt" in data and isinstance(data["prompt"], str):  # text: tokenized on the device (C tokenizer)
+        text = data["prompt"]
+        if not text:
+            raise ExportError(path, "key 'prompt': an empty text")
+        try:
+            out["prompt_text"] = list(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ExportError(path, "key 'prompt': the text holds a lone surrogate, not UTF-8") from None
+    elif "prompt" in data:
         prompt = data["prompt"]
         if not isinstance(prompt, list):
-            raise ExportError(path, f"key 'prompt': expected a list of token ids, got {_short(prompt)}")
+            raise ExportError(path, f"key 'prompt': expected a list of token ids or a text, got {_short(prompt)}")
         for i, t in enumerate(prompt):
             if not _is_int(t):
                 raise ExportError(path, f"key 'prompt': element {i} is {_short(t)}, not an integer token id")
@@ -143,7 +151,7 @@ def tokenizer_section(ckpt_dir: Path, vocab: int) -> bytes | None:
 
 def _chat(ckpt_dir: Path) -> dict | None:
     """tokenizer_config.json's chat template as {"prefix", "suffix"} (codegen/chat.py), None without one.
-    Stored in the manifest; the blob's tokenizer section takes the same two strings once it exists."""
+    Stored in the manifest."""
     from .chat import ChatTemplateError, chat_parts
 
     path = ckpt_dir / "tokenizer_config.json"
@@ -156,7 +164,8 @@ def _chat(ckpt_dir: Path) -> dict | None:
     return parts.to_json() if parts else None
 
 
-def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> tuple[int, list[int], int, dict]:
+def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
+                      ) -> tuple[int, list[int], int, dict, list[int]]:
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -202,7 +211,12 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions) -> t
     if len(prompt) + generate > max_seq:
         raise ExportError(ckpt_dir, f"{prompt_from} ({len(prompt)} tokens) + {gen_from} ({generate} tokens) exceed "
                                     f"max_seq {max_seq}, the KV cache positions of the model (--max-seq)")
-    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS))
+    # a text prompt (its UTF-8 bytes) is the demo's default unless --prompt gives ids; it needs the tokenizer
+    text = [] if opts.prompt else demo.get("prompt_text", [])
+    if text and not (opts.tokenizer and (ckpt_dir / "tokenizer.json").exists()):
+        raise ExportError(where, "key 'prompt': a text prompt needs the model's tokenizer (tokenizer.json, "
+                                 "without --no-tokenizer)")
+    return max_seq, prompt, generate, demo.get("sampling", dict(sampling.DEFAULTS)), text
 
 
 def predict_logit_error(spec: ModelSpec, exact: dict | WeightSource, approx: dict | WeightSource, max_seq: int,
@@ -263,7 +277,7 @@ def export(
     ckpt_dir = Path(ckpt_dir)
     if opts.outlier_frac is None:  # the quantization's own default
         opts = replace(opts, outlier_frac=default_outlier_frac(opts.quant))
-    max_seq, prompt, generate, sample_cfg = _validate_options(ckpt_dir, spec, opts)
+    max_seq, prompt, generate, sample_cfg, prompt_text = _validate_options(ckpt_dir, spec, opts)
     chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
@@ -272,7 +286,8 @@ def export(
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block, kv=opts.kv)
-    order = blob_names(spec)
+    tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
+    order = blob_names(spec, tokenizer=tok_section is not None)  # the tokenizer section last
     names = canonical_names(spec)  # order without the tensors the exporter derives (rope_freq)
     keep = opts.predict and spec.param_count() <= PREDICT_MAX_PARAMS
     src_sizes = _source_bytes(source, spec, names)
@@ -281,11 +296,7 @@ def export(
     rows: list[dict] = []
     sq_err = sq_norm = 0.0
     progress = tensor_progress(report, terminal, len(names), src_bytes)
-    tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
     with staged_dir(Path(out_dir), protect=(ckpt.path,)) as tmp:
-        if tok_section is not None:
-            with unnamed_file(tmp / TOKENIZER_FILE) as f:
-                f.write(tok_section)
         with unnamed_file(tmp / "model.bin") as f:
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
             derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
@@ -302,6 +313,8 @@ def export(
                         writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
+            if tok_section is not None:
+                writer.add_section("tokenizer", tok_section)
             blob_bytes, crc = writer.finish(spec, max_seq, plan)
             prediction = _probe(spec, source, f, order, max_seq) if keep else None
         if pruning is not None:
@@ -322,7 +335,7 @@ def export(
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
-                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS),
+                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS, writer.tokenizer),
                      "layout": opts.layout if q8 else "rows", "int8_activations": q8,
                      "kv_cache": opts.kv},
             "arena": plan.to_json(),
@@ -334,8 +347,11 @@ def export(
             "predicted_logit_error": prediction,
             "predict_requested": opts.predict,
             "pruning": pruning,
-            "tokenizer": None if tok_section is None else {"file": TOKENIZER_FILE, "bytes": len(tok_section)},
+            # the section inside model.bin (its TOKENIZER entry): where, and its bytes for the size audit
+            "tokenizer": None if tok_section is None else {"offset": writer.records[-1].offset,
+                                                           "bytes": len(tok_section)},
             "default_prompt": prompt,
+            "default_prompt_text": bytes(prompt_text).decode("utf-8") if prompt_text else None,
             "default_generate": generate,
             "chat": chat,
             "default_sampling": sample_cfg,
@@ -346,7 +362,8 @@ def export(
         render_sources(tmp, {
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
-            "prompt": prompt, "generate": generate, "flags": blob_flags(spec, plan),
+            "prompt": prompt, "prompt_text": prompt_text, "generate": generate,
+            "flags": blob_flags(spec, plan, writer.tokenizer),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))

@@ -122,7 +122,8 @@ ENTRY: tuple[Field, ...] = (
     Field("kind", 0, "u16", "see \"Kinds\""),
     Field("layer", 2, "u16", "0 for global tensors"),
     Field("expert", 4, "u16", "0 for non-expert tensors"),
-    Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C, 5 = I4, 6 = I4C (see \"int4\"); a code above "
+    Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C, 5 = I4, 6 = I4C (see \"int4\"); 7 = U8 (raw bytes: "
+                            "the TOKENIZER entry only, whose rows are its bytes, cols 1, row_stride 1); a code above "
                             "the runtime's last: `COLIBRI_E_DTYPE`"),
     Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C / I4 / I4C only)"),
     Field("rows", 8, "u32", "outputs"),
@@ -177,6 +178,9 @@ FLAGS: tuple[Flag, ...] = (
                             "routed_scale (DeepSeek `routed_scaling_factor`)"),
     # The KV cache's precision (see "KV cache"); neither bit: f32. A runtime that predates them refuses
     # such a blob with COLIBRI_E_BAD_HEADER (an unknown flag), never misreads its cache.
+    # The tokenizer section (FORMAT.md "Tokenizer"): a runtime that predates the flag refuses the blob
+    # (COLIBRI_E_BAD_HEADER, an unknown flag) rather than miscounting its table.
+    Flag("TOKENIZER", 9, "the table ends with a TOKENIZER entry: the model's tokenizer section, after the weights"),
     Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
@@ -217,6 +221,8 @@ def int4_row_bytes(cols: int) -> int:
     """Bytes of one packed int4 row: INT4_BLOCK_BYTES a block (a multiple of ROW_ALIGN)."""
     return -(-cols // Q8_BLOCK) * INT4_BLOCK_BYTES
 SCALE_DTYPES = {"f32": 1, "f16": 2}
+# Raw bytes (a section, not weights): the dtype of a TOKENIZER entry only; no kernel reads it.
+BYTES_DTYPE = 7
 LAYOUTS = {"rows": 1, "tiled16": 2}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 
@@ -265,6 +271,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_GATE", 24, "layers.{L}.mlp.gate", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("MLP_DOWN", 25, "layers.{L}.mlp.down", "hidden × dense_ffn", "any", "dense_mlp", since=1),
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
+    Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -298,7 +305,7 @@ LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
 )
-GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)))
+GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)), ("TOKENIZER", ("TOKENIZER",)))
 MLP_TENSORS = 3  # gate, down, up: the offsets of an MLP's three matrices in every MLP slot
 
 
@@ -469,9 +476,11 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
     return sum(FLAG[name] for name, v in on.items() if v)
 
 
-def blob_names(spec) -> list[str]:  # noqa: ANN001 (a ModelSpec)
-    """Canonical names of every table entry of a model's blob, in table order."""
-    order = tensor_order(feature_flags(spec), spec.n_layers, spec.n_experts, spec.dense_layers)
+def blob_names(spec, tokenizer: bool = False) -> list[str]:  # noqa: ANN001 (a ModelSpec)
+    """Canonical names of every table entry of a model's blob, in table order (with a tokenizer section:
+    the TOKENIZER entry last)."""
+    flags = feature_flags(spec) | (FLAG["TOKENIZER"] if tokenizer else 0)
+    order = tensor_order(flags, spec.n_layers, spec.n_experts, spec.dense_layers)
     return [canonical_name(k, layer, e) for k, layer, e in order]
 
 

@@ -87,6 +87,7 @@ def c_header() -> str:
     for name, code in fmt.DTYPES.items():
         add(f"#define CB_DTYPE_{name.upper()} {code}u")
     add(f"#define CB_DTYPE_LAST {max(fmt.DTYPES.values())}u /* codes above: formats this runtime lacks */")
+    add(f"#define CB_BYTES_DTYPE {fmt.BYTES_DTYPE}u /* U8: raw bytes, the TOKENIZER entry only */")
     add(f"#define CB_INT4_BLOCK_BYTES {fmt.INT4_BLOCK_BYTES}u /* an int4 row: this many bytes a Q8 block */")
     add("")
     add("/* tensor kinds */")

@@ -69,8 +69,8 @@ def inspect_checkpoint(path: Path) -> dict:
 
 
 def _spec_from_header(h: dict) -> ModelSpec:
-    flags = h["flags"]
     f = fmt.FLAG
+    flags = h["flags"] & ~(f["TOKENIZER"] | fmt.KV_FLAGS)  # the model's features only
     return ModelSpec(
         arch="mixtral" if not flags & ~f["TIED"] else "qwen2_moe" if flags & f["QKV_BIAS"]
         else "qwen3_moe" if flags & f["QK_NORM_HEAD"] else "olmoe" if flags & f["QK_NORM_FULL"] else "deepseek",
@@ -147,6 +147,9 @@ def inspect_blob(path: Path) -> dict:
     ends.append(len(raw))
     for e in entries:
         data_off = e["data_off"]
+        if e["kind"] == fmt.KIND["TOKENIZER"].code:  # the tokenizer section: bytes, not weights
+            out["tokenizer_bytes"] = e["rows"]
+            continue
         nxt = next((x for x in ends if x > data_off), len(raw))
         nbytes = nxt - data_off
         weights_bytes += nbytes
@@ -191,6 +194,8 @@ def format_report(info: dict) -> str:
         lines.append("  source dtypes " + ", ".join(f"{k}: {v} tensors" for k, v in info["source_dtypes"].items()))
     if "quantization" in info:
         lines.append("  quantization " + ", ".join(f"{k}: {v:,} weights" for k, v in info["quantization"].items()))
+    if "tokenizer_bytes" in info:
+        lines.append(f"  tokenizer section: {info['tokenizer_bytes']:,} bytes")
     if "expert_bytes" in info:
         eb = info["expert_bytes"]
         lines.append(f"  expert bytes in the blob: {eb['count']} experts, {eb['min']:,}..{eb['max']:,} each "

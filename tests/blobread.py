@@ -16,7 +16,9 @@ KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.
               # format 1.1
               15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
-              24: "mlp.gate", 25: "mlp.down", 26: "mlp.up"}
+              24: "mlp.gate", 25: "mlp.down", 26: "mlp.up",
+              27: "tokenizer"}  # the TOKENIZER flag: raw bytes (dtype 7, U8), the table's last entry
+TOKENIZER_FLAG, TOKENIZER_KIND, U8 = 1 << 9, 27, 7
 ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1"), 5: np.dtype("u1"),
         6: np.dtype("u1")}
 INT4 = (5, 6)  # format 1.3: int4, int4c
@@ -58,7 +60,7 @@ def canonical_name(e: dict) -> str:
     kind = KIND_NAMES[e["kind"]]
     if kind in ("gate", "down", "up"):
         return f"layers.{e['layer']}.moe.experts.{e['expert']}.{kind}"
-    if kind in ("embed", "rope_freq", "final_norm", "lm_head"):
+    if kind in ("embed", "rope_freq", "final_norm", "lm_head", "tokenizer"):
         return kind
     return f"layers.{e['layer']}.{kind}"
 
@@ -129,6 +131,8 @@ class BlobWeights(dict):
         self._q8: set[str] = set()
         self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for e in entries(raw):
+            if e["kind"] == TOKENIZER_KIND:  # bytes, not weights
+                continue
             name = canonical_name(e)
             w = dequantize(raw, e)
             self[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias")) else w
@@ -145,6 +149,15 @@ class BlobWeights(dict):
 
     def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         return self._corr.get(name)
+
+
+def tokenizer_section(raw: bytes) -> bytes | None:
+    """FORMAT.md "Tokenizer": with the TOKENIZER flag, the last table entry's rows bytes at data_off."""
+    if not header(raw)["flags"] & TOKENIZER_FLAG:
+        return None
+    e = entries(raw)[-1]
+    assert e["kind"] == TOKENIZER_KIND and e["dtype"] == U8 and e["cols"] == 1 and e["data_off"] % 64 == 0
+    return raw[e["data_off"]:e["data_off"] + e["rows"]]
 
 
 def weights(path: Path) -> BlobWeights:

@@ -182,7 +182,9 @@ def test_oversized_config_is_refused_without_reading_it(ck):
     ('{"prompt": [-1]}', "outside the vocabulary [0, 32)"),
     ('{"prompt": [32]}', "outside the vocabulary [0, 32)"),
     ('{"prompt": [' + "9" * 40 + "]}", "an integer of 40 digits"),
-    ('{"prompt": "3,4"}', "expected a list of token ids"),
+    ('{"prompt": "3,4"}', "a text prompt needs the model's tokenizer"),  # text: only with a tokenizer
+    ('{"prompt": ""}', "an empty text"),
+    ('{"prompt": {"a": 1}}', "expected a list of token ids or a text"),
     ('{"generate": true}', "expected a positive integer, got True"),
     ('{"generate": -100000000000000000000000}', "expected a positive integer"),
     ('{"generate": -1}', "expected a positive integer, got -1"),

@@ -171,7 +171,7 @@ def test_folder_is_reproducible_and_has_no_machine_path(ckpt, tmp_path):
     # only what the model and this target need: no demo of the Linux targets, no RISC-V startup, no tests
     assert not any(n.startswith(("demo/", "firmware/riscv/", "test/")) for n in names)
     assert {n for n in names if n.startswith("runtime/") and n.endswith(".c")} == {
-        f"runtime/{s}" for s in csources.RUNTIME_SRC}
+        f"runtime/{s}" for s in csources.RUNTIME_SRC + csources.TEXT_SRC}  # the text runtime: text prompts
 
 
 def _cmake_set(text: str, var: str) -> list[str]:

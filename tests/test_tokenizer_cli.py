@@ -45,9 +45,19 @@ def runtime_env(tmp_path_factory):
     return {**os.environ, "COLIBRI_RUNTIME": str(so)}
 
 
-def test_export_writes_the_section(exported):
+def test_export_writes_the_section(ckpt, exported):
+    """The section is the last entry of model.bin (read by the independent blobread.py), not a file beside
+    it; the manifest gives its bytes and offset."""
+    from colibri.codegen.tokenizer import load_tokenizer, pack
+
+    import blobread
+
     m = json.loads((exported / "manifest.json").read_text())
-    assert m["tokenizer"]["bytes"] == (exported / "tokenizer.bin").stat().st_size > 0
+    raw = (exported / "model.bin").read_bytes()
+    section = blobread.tokenizer_section(raw)
+    assert section == pack(load_tokenizer(ckpt)) and len(section) > 0
+    assert m["tokenizer"] == {"bytes": len(section), "offset": blobread.entries(raw)[-1]["data_off"]}
+    assert not (exported / "tokenizer.bin").exists()
 
 
 def test_tokenize_detokenize_as_hf(ckpt, exported, runtime_env):
@@ -106,3 +116,11 @@ def test_binding_through_the_built_runtime(ckpt, exported, build_model):
         m.tokenize(long)
     assert e.value.status == -104
     assert len(m.tokenize("Hello world " * (m.max_seq // 4))) <= m.max_seq
+    # the model library: its linked-in blob carries the same section (no file beside it is read)
+    so = out / "libcolibri_tokmodel.so"
+    lib_model = load(so)
+    assert lib_model.tokenize(TEXTS[0]) == hf.encode(TEXTS[0], add_special_tokens=False).ids
+    res = _colibri("tokenize", str(so), TEXTS[2])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ",".join(map(str, hf.encode(TEXTS[2], add_special_tokens=False).ids))
+    assert not list(out.glob("tokenizer.bin"))

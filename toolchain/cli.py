@@ -57,7 +57,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         if a.debug:
             raise
         return _fail(f"{a.out}: cannot write the export: {_os_error(e)}")
-    tok = " tokenizer.bin" if res.manifest.get("tokenizer") else ""
+    tok = " (tokenizer inside)" if res.manifest.get("tokenizer") else ""
     print(f"wrote {res.out_dir}/: model.h model.c model_blob.S model.bin{tok} manifest.json")
     return 0
 

@@ -1,7 +1,6 @@
-"""The model's own tokenizer: tokenizer.json -> the blob's tokenizer section, run by runtime_c/src/text/."""
+"""The model's own tokenizer: tokenizer.json -> the tokenizer section of model.bin, run by runtime_c/src/text/."""
 
-from ..emit import TOKENIZER_FILE
 from .load import Tokenizer, load_tokenizer
 from .pack import pack
 
-__all__ = ["TOKENIZER_FILE", "Tokenizer", "load_tokenizer", "pack"]
+__all__ = ["Tokenizer", "load_tokenizer", "pack"]

@@ -55,6 +55,8 @@ int main(int argc, char **argv)
     LOOKUP(lib, "colibri_utf8_flush", api.utf8_flush, ok);
     api.token_piece = NULL;
     api.piece_user = NULL;
+    api.tokenize = NULL; /* ids only */
+    api.tok_strerror = NULL;
     LOOKUP(lib, "colibri_model_blob", model_blob, ok);
     if (!ok)
         return demo_io_error(PROG, a.model, "not a colibri model library (a colibri_* entry point is missing)");

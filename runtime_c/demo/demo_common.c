@@ -4,6 +4,8 @@
 
 #include "demo_common.h"
 
+#include "colibri_text.h" /* the status codes only: the tokenizer comes through demo_api */
+
 #include <sys/mman.h>
 
 #include <pthread.h>
@@ -18,7 +20,7 @@
 
 static void demo_usage(FILE *f, const char *prog, int want_model)
 {
-    fprintf(f, "usage: %s%s [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]\n"
+    fprintf(f, "usage: %s%s [--tokens 3,17,42 | --prompt TEXT] [--generate N] [--threads N] [--print-logits]\n"
                "       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
                "       [--repeat-last-n N] [--seed S] [--stop 2,5] [--chat TEXT]\n", prog,
             want_model ? " MODEL.bin" : "");
@@ -97,7 +99,7 @@ static int demo_is(const char *arg, size_t name_len, const char *name)
 
 static const char *const DEMO_VALUE_FLAGS[] = {"--tokens", "--generate", "--threads", "--temperature", "--top-k",
                                                "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
-                                               "--stop", "--chat"};
+                                               "--stop", "--chat", "--prompt"};
 
 /* The sampling flags; 1 when arg was one (its error, if any, in *rc), else 0. */
 static int demo_sample_flag(const char *arg, size_t name_len, const char *value, const char *prog, int want_model,
@@ -163,6 +165,8 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
     a->sample.stop_ids = a->stop;
     a->repeat_last_n = DEMO_REPEAT_LAST_N;
     a->chat = NULL;
+    a->prompt_text = NULL;
+    a->prompt_len = 0;
     a->model = NULL;
     a->tokens_text = NULL;
     a->default_tokens = default_tokens;
@@ -207,6 +211,9 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
                 return demo_bad(prog, want_model, "--threads wants a count in [1, 64]", value);
         } else if (demo_is(arg, name_len, "--chat")) {
             a->chat = value;
+        } else if (demo_is(arg, name_len, "--prompt")) {
+            a->prompt_text = value;
+            a->prompt_len = strlen(value);
         } else if (demo_sample_flag(arg, name_len, value, prog, want_model, a, &rc)) {
             if (rc != DEMO_CONTINUE)
                 return rc;
@@ -218,6 +225,8 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
     }
     if (want_model && !a->model)
         return demo_bad(prog, want_model, "no model file given", NULL);
+    if (a->prompt_text && a->tokens_text)
+        return demo_bad(prog, want_model, "give the prompt as --tokens or as --prompt, not both", NULL);
     return DEMO_CONTINUE;
 }
 
@@ -563,12 +572,55 @@ static const int32_t *demo_prompt(const demo_api *api, colibri_ctx *ctx, const d
     return token_buf;
 }
 
+/* --prompt TEXT into ids by the model's tokenizer: *out is a copy of a with them as its prompt (in
+ * *token_buf, mapped for max_seq ids when NULL). More ids than max_seq is refused, never cut. */
+static int demo_tokenize(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t **token_buf,
+                         size_t token_cap, const char *prog, const char *name, demo_args *out)
+{
+    char why[160];
+    colibri_model_info info = {.struct_size = sizeof info};
+    colibri_status st = api->info(ctx, &info);
+    if (st != COLIBRI_OK)
+        return demo_fail(api, prog, name, st);
+    if (!api->tokenize)
+        return demo_bad_input(prog, name, "--prompt needs the model's tokenizer (none in this model or program: give --tokens)");
+    size_t cap = info.max_seq;
+    if (!*token_buf)
+        *token_buf = demo_map_anon(cap * sizeof **token_buf);
+    else if (token_cap < cap)
+        cap = token_cap;
+    if (!*token_buf)
+        return demo_io_error(prog, name, "cannot map the tokens");
+    size_t n = 0;
+    int ts = api->tokenize(api->piece_user, a->prompt_text, a->prompt_len, *token_buf, cap, &n);
+    if (ts == COLIBRI_TOK_E_TOO_LONG) {
+        snprintf(why, sizeof why, "--prompt: more than max_seq %lu tokens", (unsigned long)info.max_seq);
+        return demo_bad_input(prog, name, why);
+    }
+    if (ts != COLIBRI_TOK_OK || n == 0) {
+        snprintf(why, sizeof why, "--prompt: %s (status %d)", ts ? api->tok_strerror(ts) : "no tokens", ts);
+        return demo_bad_input(prog, name, why);
+    }
+    *out = *a;
+    out->prompt_text = NULL;
+    out->tokens_text = NULL;
+    out->default_tokens = *token_buf;
+    out->n_tokens = n;
+    return 0;
+}
+
 int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t *token_buf, size_t token_cap,
              float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
     int rc = 0;
-    if (a->chat) /* the chat prefix/suffix come with the tokenizer section of the blob */
+    if (a->chat) /* the chat prefix/suffix are not in the blob */
         return demo_bad_input(prog, name, "--chat needs the model's tokenizer and chat template (none in this build)");
+    demo_args text_args;
+    if (a->prompt_text) {
+        if ((rc = demo_tokenize(api, ctx, a, &token_buf, token_cap, prog, name, &text_args)) != 0)
+            return rc;
+        a = &text_args;
+    }
     const int32_t *tokens = demo_prompt(api, ctx, a, token_buf, token_cap, prog, name, &rc);
     if (!tokens)
         return rc;

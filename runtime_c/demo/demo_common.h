@@ -2,7 +2,7 @@
  * demo_common.h - the command line and output shared by colibri_run (generic
  * runtime, model file) and colibri_demo (embedded model):
  *
- *   [MODEL.bin] [--tokens 3,17,42] [--generate N] [--threads N] [--print-logits]
+ *   [MODEL.bin] [--tokens 3,17,42 | --prompt TEXT] [--generate N] [--threads N] [--print-logits]
  *       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]
  *       [--repeat-last-n N] [--seed S] [--stop 2,5]
  *
@@ -17,6 +17,10 @@
  * id ends the generation (printed as the last id). The same flags and seed give
  * the same ids on every target. --chat TEXT runs one user turn through the
  * model's chat template: it needs the tokenizer (refused, exit 2, without).
+ * --prompt TEXT is tokenized by the model's own tokenizer (the blob's tokenizer section, colibri_text.h)
+ * into the prompt's ids; without a tokenizer, or with more ids than max_seq, it is refused (exit 2).
+ * With a tokenizer the generated text is streamed ("text: ...", never a split UTF-8 character) before
+ * the "tokens:" line.
  * The prompt and the tokens to generate must fit the model's max_seq positions
  * (N prompt tokens + G generated take N + G - 1): more is refused before any
  * forward pass, never cut.
@@ -55,12 +59,17 @@ typedef struct demo_api {
      * come, through colibri_utf8 (whole characters only), before the "tokens:" line. */
     int (*token_piece)(void *user, int32_t id, uint8_t *buf, size_t cap, size_t *len, colibri_utf8_kind *kind);
     void *piece_user;
+    /* Text prompts (NULL: ids only): the model's tokenizer (colibri_text.h) encodes len bytes of text into
+     * at most cap ids, returning a COLIBRI_TOK_* status (COLIBRI_TOK_E_TOO_LONG past cap); tok_strerror
+     * names a status. The user pointer is piece_user. */
+    int (*tokenize)(void *user, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids);
+    const char *(*tok_strerror)(int status);
 } demo_api;
 
 #define DEMO_LINKED_API \
     {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror, colibri_set_parallel, \
      colibri_sample_init, colibri_sample_next, colibri_sample_is_stop, colibri_utf8_feed, colibri_utf8_flush, \
-     NULL, NULL}
+     NULL, NULL, NULL, NULL}
 #define DEMO_MAX_THREADS 64
 #define DEMO_MAX_STOP 64
 #define DEMO_REPEAT_LAST_N 64
@@ -78,6 +87,8 @@ typedef struct demo_args {
     int32_t stop[DEMO_MAX_STOP];
     long repeat_last_n;
     const char *chat; /* --chat TEXT: one user turn through the model's chat template */
+    const char *prompt_text; /* --prompt TEXT (or the program's default text): tokenized, in place of ids */
+    size_t prompt_len;
 } demo_args;
 
 /* Fills a from argv (defaults first). Returns DEMO_CONTINUE, or the exit

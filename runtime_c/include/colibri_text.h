@@ -56,6 +56,9 @@ typedef struct colibri_tok {
 
 /* Validate a tokenizer section (4-byte aligned) and fill *t. */
 COLIBRI_TOK_API int colibri_tok_init(colibri_tok *t, const void *section, size_t len);
+/* The tokenizer section of a model blob (model.bin, or the blob linked in): COLIBRI_TOK_E_NONE when the
+ * blob has none (exported with --no-tokenizer), COLIBRI_TOK_E_SECTION when its entry or section is bad. */
+COLIBRI_TOK_API int colibri_tok_from_blob(colibri_tok *t, const void *blob, size_t len);
 /* UTF-8 text -> ids[0..*n_ids). scratch: 4-byte aligned, COLIBRI_TOK_SCRATCH_BYTES or more. */
 COLIBRI_TOK_API int colibri_tok_encode(const colibri_tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                        size_t cap, size_t *n_ids, void *scratch, size_t scratch_bytes);

@@ -55,7 +55,8 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
         n_dense += (uint64_t)cb_dense_bit(b, m->flags, l);
     uint64_t dense = cb_layer_slots(m->flags, m->n_experts, 1).n_tensors;
     uint64_t moe = cb_layer_slots(m->flags, m->n_experts, 0).n_tensors;
-    return CB_FIRST_LAYER + n_dense * dense + (m->n_layers - n_dense) * moe + (m->tied ? 1 : 2);
+    return CB_FIRST_LAYER + n_dense * dense + (m->n_layers - n_dense) * moe + (m->tied ? 1 : 2)
+           + (m->flags & CB_FLAG_TOKENIZER ? 1 : 0);
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
@@ -271,6 +272,24 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     return COLIBRI_OK;
 }
 
+/* The TOKENIZER entry i: raw bytes after the weights, inside the blob (colibri_tok_init checks what they
+ * say; the forward pass never reads them). */
+static colibri_status cb_check_section(cb_check *v, size_t i)
+{
+    const uint8_t *e = cb_entry(v->b, i);
+    uint64_t bytes = cb_rd32(e + CB_E_ROWS), off = cb_rd64(e + CB_E_DATA_OFF);
+    if (cb_rd16(e + CB_E_KIND) != CB_KIND_TOKENIZER || cb_rd16(e + CB_E_LAYER) || cb_rd16(e + CB_E_EXPERT))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not a TOKENIZER entry where the flag puts it */
+    if (e[CB_E_DTYPE] != CB_BYTES_DTYPE || e[CB_E_SCALE_DTYPE] || bytes == 0 || cb_rd32(e + CB_E_COLS) != 1
+        || cb_rd32(e + CB_E_ROW_STRIDE) != 1 || cb_rd32(e + CB_E_GROUP_SIZE) || cb_rd32(e + CB_E_N_OUTLIERS)
+        || cb_rd32(e + CB_E_RESERVED) || cb_rd64(e + CB_E_SCALE_OFF) || cb_rd64(e + CB_E_OIDX_OFF)
+        || cb_rd64(e + CB_E_OVAL_OFF))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not U8 bytes x 1, or a part a section lacks */
+    if (off % CB_ALIGN != 0 || off < v->header_bytes || cb_add(off, bytes) > v->len)
+        return CB_BAD(COLIBRI_E_TENSOR_BOUNDS); /* tokenizer: unaligned or outside the payload */
+    return COLIBRI_OK;
+}
+
 /* An MLP's three matrices from table index i: gate and up hidden -> w, down w -> hidden. */
 static colibri_status cb_check_mlp(cb_check *v, size_t i, const unsigned kind[3], uint32_t l, uint32_t e, uint64_t w)
 {
@@ -329,6 +348,8 @@ static colibri_status cb_check_tensors(cb_check *v)
     CB_TRY(cb_check_entry(v, base, CB_KIND_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
     if (!m->tied)
         CB_TRY(cb_check_entry(v, base + 1, CB_KIND_LM_HEAD, 0, 0, m->vocab, d, DT_ANY));
+    if (m->flags & CB_FLAG_TOKENIZER)
+        CB_TRY(cb_check_section(v, base + (m->tied ? 1 : 2)));
     return COLIBRI_OK;
 }
 

@@ -90,9 +90,10 @@
 #define CB_FLAG_SHARED_GATE (1u << 6)
 #define CB_FLAG_DENSE_LAYERS (1u << 7)
 #define CB_FLAG_ROUTED_SCALE (1u << 8)
+#define CB_FLAG_TOKENIZER (1u << 9)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
-#define CB_FLAGS_KNOWN 0xC1FFu
+#define CB_FLAGS_KNOWN 0xC3FFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -107,6 +108,7 @@
 #define CB_DTYPE_INT4 5u
 #define CB_DTYPE_INT4C 6u
 #define CB_DTYPE_LAST 6u /* codes above: formats this runtime lacks */
+#define CB_BYTES_DTYPE 7u /* U8: raw bytes, the TOKENIZER entry only */
 #define CB_INT4_BLOCK_BYTES 16u /* an int4 row: this many bytes a Q8 block */
 
 /* tensor kinds */
@@ -137,6 +139,7 @@ enum cb_kind {
     CB_KIND_MLP_GATE = 24,
     CB_KIND_MLP_DOWN = 25,
     CB_KIND_MLP_UP = 26,
+    CB_KIND_TOKENIZER = 27,
 };
 
 /* table indices of the global tensors before the layers; the layers start at CB_FIRST_LAYER */

@@ -110,6 +110,7 @@ class Model:
     def __init__(self, lib: ctypes.CDLL, blob_ptr: int, blob_len: int, keepalive: tuple = ()):
         self._lib = lib
         self._keep = keepalive
+        self._blob = (blob_ptr, blob_len)
         need = ctypes.c_size_t()
         self._check(lib.colibri_arena_bytes(blob_ptr, blob_len, ctypes.byref(need)))
         self._arena, arena_ptr = _aligned_zeros(need.value)
@@ -156,11 +157,11 @@ class Model:
 
     def _text(self):
         if getattr(self, "_tokenizer", None) is None:
-            from .text import for_model
+            from .text import Tokenizer
 
-            if getattr(self, "_path", None) is None:
-                raise ValueError("this model was not loaded from a file: no tokenizer beside it")
-            self._tokenizer = for_model(self._path, self._lib)
+            if not hasattr(self._lib, "colibri_tok_from_blob"):
+                raise ValueError("this runtime library was built without the text runtime (no colibri_tok_from_blob)")
+            self._tokenizer = Tokenizer(self._lib, *self._blob, self, in_blob=True)  # the section in the blob
         return self._tokenizer
 
     def tokenize(self, text: str, special: bool = False, parse_special: bool = True) -> list[int]:
@@ -169,6 +170,10 @@ class Model:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._text().decode(ids)
+
+    def token_piece(self, id: int) -> tuple[bytes, int]:
+        """The piece decoder of generate_text: one id's bytes and kind, by the blob's tokenizer."""
+        return self._text().piece(id)
 
     def reset(self) -> None:
         self._check(self._lib.colibri_reset(self._ctx))
@@ -201,7 +206,7 @@ class Model:
         return out
 
     def _pieces(self, pieces: PieceDecoder | None) -> PieceDecoder:
-        """The piece decoder: the given one, else the model's tokenizer's (token_piece, once the blob has one)."""
+        """The piece decoder: the given one, else the model's tokenizer's (token_piece)."""
         found = pieces or getattr(self, "token_piece", None)
         if found is None:
             raise ValueError("this model has no tokenizer: pass pieces= (a callable id -> (bytes, kind))")

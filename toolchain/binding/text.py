@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,16 @@ import numpy as np
 SCRATCH_BYTES = 1 << 20  # the binding's scratch: one pre-token of up to ~116k bytes
 PARSE_SPECIAL, SPECIAL, FIRST = 2, 1, 1
 _WORDS = 32  # sizeof(colibri_tok) is well under 32 * 8 bytes
+KIND_SPM, F_BYTE_FALLBACK = 1, 2  # FORMAT.md "Tokenizer": word 2's kind and flags
+
+
+class _TokView(ctypes.Structure):
+    """colibri_tok's fields (colibri_text.h), to read which ids are byte-fallback tokens."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("base", "hdr", "offs", "sorted", "merges", "added", "byte_tok",
+                                                "lranges", "nranges", "pieces")] + \
+               [(n, ctypes.c_uint32) for n in ("n_vocab", "n_merges", "n_added", "n_l", "n_n", "kind", "pretok",
+                                                "flags")]
 
 
 class TokenizerError(RuntimeError):
@@ -23,6 +34,7 @@ class TokenizerError(RuntimeError):
 def declare(lib: ctypes.CDLL) -> None:
     p, sz = ctypes.c_void_p, ctypes.c_size_t
     lib.colibri_tok_init.argtypes = [p, p, sz]
+    lib.colibri_tok_from_blob.argtypes = [p, p, sz]
     lib.colibri_tok_encode.argtypes = [p, ctypes.c_char_p, sz, ctypes.c_uint, ctypes.POINTER(ctypes.c_int32), sz,
                                        ctypes.POINTER(sz), p, sz]
     lib.colibri_tok_decode.argtypes = [p, ctypes.c_int32, ctypes.c_uint, ctypes.c_char_p, sz, ctypes.POINTER(sz)]
@@ -30,20 +42,37 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.colibri_tok_vocab.restype = ctypes.c_uint32
     lib.colibri_tok_strerror.argtypes = [ctypes.c_int]
     lib.colibri_tok_strerror.restype = ctypes.c_char_p
-    for fn in ("colibri_tok_init", "colibri_tok_encode", "colibri_tok_decode"):
+    for fn in ("colibri_tok_init", "colibri_tok_from_blob", "colibri_tok_encode", "colibri_tok_decode"):
         getattr(lib, fn).restype = ctypes.c_int
 
 
-class Tokenizer:
-    """A validated tokenizer section (`section_ptr` must stay alive: pass its owner in keepalive)."""
+NO_TOKENIZER = -108  # COLIBRI_TOK_E_NONE: the blob has no tokenizer section
 
-    def __init__(self, lib: ctypes.CDLL, section_ptr: int, section_len: int, keepalive: object = None):
+
+class NoTokenizerError(TokenizerError, ValueError):
+    """The model was exported without a tokenizer (--no-tokenizer, or no tokenizer.json)."""
+
+
+class Tokenizer:
+    """A validated tokenizer section (`section_ptr` must stay alive: pass its owner in keepalive);
+    `in_blob`: the pointer is a whole model blob whose TOKENIZER entry holds the section."""
+
+    def __init__(self, lib: ctypes.CDLL, section_ptr: int, section_len: int, keepalive: object = None,
+                 in_blob: bool = False):
         declare(lib)
         self._lib, self._keep = lib, keepalive
         self._tok = (ctypes.c_uint64 * _WORDS)()
-        self._check(lib.colibri_tok_init(self._tok, section_ptr, section_len))
+        init = lib.colibri_tok_from_blob if in_blob else lib.colibri_tok_init
+        status = init(self._tok, section_ptr, section_len)
+        if status == NO_TOKENIZER:
+            raise NoTokenizerError(status, "the model has no tokenizer (exported with --no-tokenizer or from a "
+                                           "checkpoint without tokenizer.json)")
+        self._check(status)
         self._scratch = np.zeros(SCRATCH_BYTES // 4, dtype=np.uint32)
         self.vocab = lib.colibri_tok_vocab(self._tok)
+        view = _TokView.from_buffer(self._tok)
+        byte_fallback = view.kind == KIND_SPM and view.flags & F_BYTE_FALLBACK
+        self.byte_ids = frozenset((ctypes.c_uint32 * 256).from_address(view.byte_tok)) if byte_fallback else frozenset()
 
     @classmethod
     def from_bytes(cls, lib: ctypes.CDLL, section: bytes) -> Tokenizer:
@@ -75,6 +104,19 @@ class Tokenizer:
             out += buf.raw[: n.value]
         return bytes(out)
 
+    def piece(self, id: int) -> tuple[bytes, int]:
+        """One generated id's bytes and kind for streaming (sampling.Utf8Stream): BYTE for a byte-fallback
+        token, else TEXT. An id of the model's vocabulary the tokenizer lacks has no bytes (HF decode skips
+        it, as colibri_demo does)."""
+        from .sampling import BYTE, TEXT
+
+        if not 0 <= int(id) < self.vocab:
+            return b"", TEXT
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ctypes.c_size_t()
+        self._check(self._lib.colibri_tok_decode(self._tok, int(id), 0, buf, len(buf), ctypes.byref(n)))
+        return buf.raw[: n.value], BYTE if int(id) in self.byte_ids else TEXT
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", "replace")
 
@@ -97,13 +139,21 @@ def library_for(model: Path, runtime: str | os.PathLike | None = None) -> ctypes
 
 
 def for_model(model: str | os.PathLike, lib: ctypes.CDLL | None = None) -> Tokenizer:
-    """The tokenizer exported with a model: tokenizer.bin beside its model.bin or model library."""
-    from colibri.codegen.safeio import read_bytes
-    from colibri.codegen.tokenizer import TOKENIZER_FILE
-
+    """The tokenizer inside a model's blob: a model.bin (run by the generic libcolibri.so) or a model
+    library (its linked-in blob, colibri_model_blob)."""
     model = Path(model)
-    section = model.parent / TOKENIZER_FILE
-    if not section.exists():
-        raise FileNotFoundError(f"{model}: the model has no tokenizer ({section} missing: exported with "
-                                "--no-tokenizer or from a checkpoint without tokenizer.json)")
-    return Tokenizer.from_bytes(lib or library_for(model), read_bytes(section, TOKENIZER_FILE, "tokenizer"))
+    if not model.is_file():
+        raise FileNotFoundError(f"{model}: no such file")
+    lib = lib or library_for(model)
+    if model.suffix == ".so" or ".so." in model.name:
+        if not hasattr(lib, "colibri_model_blob"):
+            raise ValueError(f"{model}: not a colibri model library (no colibri_model_blob)")
+        lib.colibri_model_blob.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        lib.colibri_model_blob.restype = ctypes.c_void_p
+        n = ctypes.c_size_t()
+        ptr = lib.colibri_model_blob(ctypes.byref(n))
+        return Tokenizer(lib, ptr, n.value, lib, in_blob=True)
+    with open(model, "rb") as f:  # mapped read-only: the tokenizer never writes the blob
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint8)
+    return Tokenizer(lib, view.ctypes.data, view.size, (mm, view), in_blob=True)

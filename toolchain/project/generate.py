@@ -21,7 +21,7 @@ import jinja2
 
 from colibri.codegen.export import ExportOptions, export
 
-from ..csources import COMMON_CFLAGS, OPT_CFLAGS, RUNTIME_SRC, SPECIALISED_DEFINES, abi_major, package_version
+from ..csources import COMMON_CFLAGS, OPT_CFLAGS, RUNTIME_SRC, SPECIALISED_DEFINES, TEXT_SRC, abi_major, package_version
 from ..firmware import LINK_FLAGS, LINK_LIBS, firmware_spec, render_linker_script
 from ..scons.linux import DEMO_LIBS, EXE_LINKFLAGS, SOFLAGS, STATIC_EXE
 from ..targets import Target
@@ -124,7 +124,7 @@ def generate(ckpt: str | Path, out: str | Path, t: Target, opts: ExportOptions,
     files.update({rel: src.read_bytes() for rel, src in sources.runtime_files().items()})
     example, example_units = sources.example_files(t)
     files.update({rel: src.read_bytes() for rel, src in example.items()})
-    runtime_units = [f"runtime/{s}" for s in RUNTIME_SRC]  # SCons's order: the same link, the same image
+    runtime_units = [f"runtime/{s}" for s in RUNTIME_SRC + TEXT_SRC]  # SCons's order: the same link, the same image
     ctx = _context(t, name, runtime_units, example_units)
     ctx["public_headers"] = sorted(rel for rel in files if rel.startswith("include/"))
     if t.kind == "firmware":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..csources import RUNTIME_DIR, RUNTIME_SRC
+from ..csources import RUNTIME_DIR, RUNTIME_SRC, TEXT_SRC
 from ..firmware import COMMON_SRC, FAMILIES, FW_DIR
 from ..scons.linux import DEMO_COMMON
 from ..targets import Target
@@ -42,7 +42,7 @@ def _closure(roots: list[Path], base: Path) -> list[Path]:
 def runtime_files() -> dict[str, Path]:
     """{path in the folder: source file} of the runtime: runtime/<as in runtime_c/src>."""
     src = (RUNTIME_DIR / "src").resolve()
-    files = _closure([src / s for s in RUNTIME_SRC], src)
+    files = _closure([src / s for s in RUNTIME_SRC + TEXT_SRC], src)  # the text runtime: demo/firmware text
     out = {f"runtime/{f.relative_to(src).as_posix()}": f for f in files}
     public = RUNTIME_DIR / "include"
     # colibri.h and every other public header the runtime sources include (colibri_sample.h, ...)

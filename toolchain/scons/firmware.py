@@ -65,9 +65,11 @@ def _envs(env, t: Target, gen: dict):
 
 def _objects(fenv, runtime_env, fw: Firmware, gen: dict, objs: Objects) -> tuple[list, list, list]:
     """Runtime and model objects; the application objects of the part's image; those of the QEMU image."""
+    from ..csources import TEXT_SRC  # the text runtime too: an image whose main calls none of it links none of it
+
     t, fam = fw.target, FAMILIES[fw.family]
     runtime = [_compile(runtime_env, objs, Path(s).stem, file_node(fenv, RUNTIME_DIR / "src" / s))
-               for s in RUNTIME_SRC]
+               for s in RUNTIME_SRC + TEXT_SRC]
     blob = _assemble(fenv, objs, "model_blob", gen["model_blob.S"],
                      escape_all(t.cflags) + ["-Xassembler", f"-I{flag_path(gen['model.h'].dir)}"])
     fenv.Depends(blob, gen["model.bin"])

@@ -68,7 +68,9 @@ def _libraries(env, t: Target, name: str, gen: dict, out: Path, objs) -> tuple[l
     # -Xlinker, -Xassembler: one argument each, where -Wl,/-Wa, would split a path at its commas
     soflags = ["-shared", "-Xlinker", f"--version-script={flag_path(file_node(env, RUNTIME_DIR / 'colibri.map'))}",
                *SOFLAGS]
-    lib_a = spec_env.StaticLibrary(file_node(env, out / f"libcolibri_{name}.a"), spec_objs + model_objs)
+    # the text runtime is in the archive too: colibri_demo's text prompts; a program that calls none of it
+    # links none of it (an archive member is linked only when referenced)
+    lib_a = spec_env.StaticLibrary(file_node(env, out / f"libcolibri_{name}.a"), spec_objs + text_spec + model_objs)
     lib_so = _shared_lib(spec_env, out, f"colibri_{name}", spec_objs + text_spec + model_objs, soflags)
     generic_so = _shared_lib(gen_env, out, "colibri", generic_objs + text_generic, soflags)
     return lib_a, lib_so, generic_so, generic_objs

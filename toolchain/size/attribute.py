@@ -15,13 +15,14 @@ from ..csources import RUNTIME_SRC
 from ..targets import ROOT
 from .elf import CompileUnit, ElfImage, Section, Symbol
 from .regions import MemoryRegion, is_stack_section, section_role
-from .weights import BLOB_SECTION, BLOB_SYMBOL, Manifest, blob_pieces
+from .weights import BLOB_SECTION, BLOB_SYMBOL, TOKENIZER_KIND, Manifest, blob_pieces
 
 ARENA_SYMBOL = "colibri_arena"
 ARENA_SECTION = ".bss.colibri_arena"
 
 CATEGORIES = {
     "weights": "model weights",
+    "tokenizer": "tokenizer",  # the blob's tokenizer section (the code that runs it is runtime code)
     "arena": "arena",
     "runtime": "runtime code",
     "generated": "generated code",
@@ -193,7 +194,10 @@ class Attributor:
         """Blob bytes [lo, hi) (relative to the blob start), tensor by tensor."""
         for kind, name, a, b in blob_pieces(self.manifest, blob_size):
             n = min(b, hi) - max(a, lo)
-            self._emit(sec, "weights", kind, name, n, "weights")
+            if kind == TOKENIZER_KIND:  # in the blob, but not weights: its own category
+                self._emit(sec, "tokenizer", "tokenizer section", name, n, "weights")
+            else:
+                self._emit(sec, "weights", kind, name, n, "weights")
 
     def _gap(self, sec: Section, lo: int, hi: int) -> None:
         if sec.name == BLOB_SECTION or sec.name.startswith(BLOB_SECTION + "."):

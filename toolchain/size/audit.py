@@ -96,7 +96,8 @@ def _aggregate(items: list[Item]) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 def _blob_bytes(items: list[Item]) -> int:
-    return sum(it.bytes for it in items if it.category == "weights")
+    """The blob's bytes: its weights and, inside it, the tokenizer section."""
+    return sum(it.bytes for it in items if it.category in ("weights", "tokenizer"))
 
 
 def _budget(regions: dict, budget: dict[str, int]) -> dict | None:

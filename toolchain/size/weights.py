@@ -13,6 +13,7 @@ from pathlib import Path
 BLOB_SYMBOL = "colibri_blob_data"
 BLOB_SECTION = ".rodata.model"
 HEADER = "header+padding"
+TOKENIZER_KIND = "tokenizer"  # the manifest's "tokenizer": the section inside the blob, after the weights
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -56,7 +57,10 @@ def load_manifest(path: Path) -> Manifest | None:
             layer, expert = f.get("layer"), f.get("expert")
             tensors.append(Tensor(t["name"], int(t["offset"]), int(t["bytes"]), str(f["group"]),
                                   None if layer is None else int(layer), None if expert is None else int(expert)))
-    except (KeyError, TypeError) as e:
+        tok = data.get("tokenizer")
+        if isinstance(tok, dict) and "offset" in tok:  # manifests before the section moved into the blob: none
+            tensors.append(Tensor(TOKENIZER_KIND, int(tok["offset"]), int(tok["bytes"]), TOKENIZER_KIND, None, None))
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: not a colibri manifest (missing {e})") from None
     quant = data.get("quant", {}).get("scheme", "") if isinstance(data.get("quant"), dict) else str(data.get("quant"))
     return Manifest(path, blob_bytes, quant, tuple(sorted(tensors, key=lambda t: t.offset)))

@@ -2,6 +2,7 @@
  * SentencePiece metaspace or a byte-level pre-tokenizer (hand-written matchers for the GPT-2, Llama 3
  * and Qwen2 regexes over the section's Unicode tables), then BPE by merge rank. No malloc, no
  * recursion, no globals; every read is within the section validated by colibri_tok_init. */
+#include "../cb_format.h" /* colibri_tok_from_blob: where the blob's table is */
 #include "colibri_text.h"
 
 #include <string.h>
@@ -119,6 +120,31 @@ int colibri_tok_init(colibri_tok *t, const void *section, size_t len) {
     if (!bad && nf && colibri_nfc_check(nfc, nf) != COLIBRI_TOK_OK) bad = 1;
     if (bad) { memset(t, 0, sizeof *t); return COLIBRI_TOK_E_SECTION; }
     return COLIBRI_TOK_OK;
+}
+
+/* ---- the section inside a model blob (FORMAT.md "Tokenizer"): the table's last entry when the header's
+ * TOKENIZER flag is set; every offset is checked against len here, so an unvalidated blob is safe too ---- */
+
+static uint64_t rd_le(const uint8_t *p, unsigned n) {
+    uint64_t v = 0;
+    while (n--) v = v << 8 | p[n];
+    return v;
+}
+
+int colibri_tok_from_blob(colibri_tok *t, const void *blob, size_t len) {
+    if (!t || !blob) return COLIBRI_TOK_E_ARG;
+    memset(t, 0, sizeof *t);
+    const uint8_t *b = (const uint8_t *)blob;
+    if (len < CB_HEADER_BYTES || rd_le(b + CB_H_MAGIC, 4) != CB_MAGIC) return COLIBRI_TOK_E_SECTION;
+    if (!(rd_le(b + CB_H_FLAGS, 4) & CB_FLAG_TOKENIZER)) return COLIBRI_TOK_E_NONE;
+    uint64_t n = rd_le(b + CB_H_N_TENSORS, 4);
+    if (n == 0 || CB_HEADER_BYTES + CB_ENTRY_BYTES * n > len) return COLIBRI_TOK_E_SECTION;
+    const uint8_t *e = b + CB_HEADER_BYTES + CB_ENTRY_BYTES * (n - 1);
+    uint64_t off = rd_le(e + CB_E_DATA_OFF, 8), bytes = rd_le(e + CB_E_ROWS, 4);
+    if (rd_le(e + CB_E_KIND, 2) != CB_KIND_TOKENIZER || e[CB_E_DTYPE] != CB_BYTES_DTYPE || off > len
+        || bytes > len - off)
+        return COLIBRI_TOK_E_SECTION;
+    return colibri_tok_init(t, b + off, (size_t)bytes);
 }
 
 int32_t colibri_tok_bos(const colibri_tok *t) { return (!t || !t->hdr || t->hdr[6] == TOK_NONE) ? -1 : (int32_t)t->hdr[6]; }
