@@ -70,7 +70,7 @@ def templates() -> dict[str, jinja2.Template]:
 
 
 def render_sources(out_dir: Path, context: dict) -> None:
-    for key in ("prompt", "prompt_text", "sampling_stop"):
+    for key in ("prompt", "prompt_text", "chat_prefix", "chat_suffix", "sampling_stop"):
         if any(isinstance(t, bool) or not isinstance(t, int) for t in context[key]):
             raise ValueError(f"template {key} holds a non-integer")
     for name in TEMPLATES:

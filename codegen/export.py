@@ -363,6 +363,8 @@ def export(
             "version": __version__, "source": ckpt_dir.absolute().name, "quant": opts.quant, "name": name,
             "spec": spec, "max_seq": max_seq, "blob_bytes": blob_bytes, "crc32": crc, "plan": plan,
             "prompt": prompt, "prompt_text": prompt_text, "generate": generate,
+            "chat_prefix": list(chat["prefix"].encode("utf-8")) if chat else [],
+            "chat_suffix": list(chat["suffix"].encode("utf-8")) if chat else [],
             "flags": blob_flags(spec, plan, writer.tokenizer),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })

@@ -89,7 +89,7 @@ def test_prompt_over_max_seq_is_refused(out, hf):
     assert res.returncode == 2 and res.stdout == b""
     assert res.stderr.count(b"\n") == 1 and f"more than max_seq {max_seq}".encode() in res.stderr
     res = _run(out / "colibri_demo", "--prompt", "Hello", "--tokens", "1,2")
-    assert res.returncode == 2 and b"not both" in res.stderr
+    assert res.returncode == 2 and b"one of --tokens, --prompt or --chat" in res.stderr
 
 
 def test_program_without_tokenizer_refuses_text(out):

@@ -48,14 +48,15 @@ def variant(src: Path, dest: Path, edit) -> Path:
     return dest
 
 
-def train_bytelevel(path: Path, vocab: int = 320) -> Path:
-    """A small byte-level BPE tokenizer.json trained by HF tokenizers (GPT-2 pre-tokenizer)."""
+def train_bytelevel(path: Path, vocab: int = 320, specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
+    """A small byte-level BPE tokenizer.json trained by HF tokenizers (GPT-2 pre-tokenizer), with these
+    special tokens first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(["Hello world, hello there. 123+456=579; spaces and lines"] * 50, trainer)
     tok.save(str(path / "tokenizer.json"))

@@ -14,7 +14,8 @@ RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime_c"
 
 # The runtime's translation units, relative to runtime_c/src/.
 RUNTIME_SRC = ("blob.c", "forward.c", "kernels.c", "kernels_q8.c", "cbmath.c", "sample.c")
-# The optional text runtime (colibri_text.h): linked into the Linux shared libraries, not into firmware.
+# The optional text runtime (colibri_text.h): in every build; a program that calls none of it (a firmware image
+# without a text prompt) links none of it (--gc-sections).
 TEXT_SRC = ("text/tok.c", "text/nfc.c", "text/pre_deepseek.c")
 # The kernels alone (the kernel test programs bring their own main and no blob code).
 KERNEL_SRC = ("kernels.c", "kernels_q8.c", "cbmath.c")  # what the kernel tests link: no blob, no forward pass

@@ -2,7 +2,7 @@
  * colibri_demo - runs the model linked into this program (generated model.h,
  * model.c and blob), on its static arena:
  *
- *   colibri_demo [--tokens 3,17,42 | --prompt TEXT] [--generate N] [--print-logits] [--temperature T]
+ *   colibri_demo [--tokens 3,17,42 | --prompt TEXT | --chat TEXT] [--generate N] [--print-logits] [--temperature T]
  *                [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S] [--stop 2,5]
  *
  * Without arguments it runs the prompt, length and sampling chosen at export
@@ -22,11 +22,12 @@
 #define NAME "embedded model"
 #endif
 
-static int demo_encode(void *user, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids)
+static int demo_encode(void *user, const char *text, size_t len, int parse_special, int32_t *ids, size_t cap,
+                       size_t *n_ids)
 {
     static uint32_t scratch[COLIBRI_TOK_SCRATCH_BYTES / 4];
-    return colibri_tok_encode((const colibri_tok *)user, text, len, COLIBRI_TOK_PARSE_SPECIAL, ids, cap, n_ids,
-                              scratch, sizeof scratch);
+    return colibri_tok_encode((const colibri_tok *)user, text, len, parse_special ? COLIBRI_TOK_PARSE_SPECIAL : 0u,
+                              ids, cap, n_ids, scratch, sizeof scratch);
 }
 
 /* One id's bytes; a byte-fallback token (FORMAT.md "Tokenizer": a SentencePiece section with the
@@ -46,6 +47,7 @@ int main(int argc, char **argv)
 {
     static colibri_tok tok;
     static const unsigned char default_text[] = COLIBRI_DEFAULT_PROMPT_TEXT;
+    static const unsigned char chat_prefix[] = COLIBRI_CHAT_PREFIX, chat_suffix[] = COLIBRI_CHAT_SUFFIX;
     static demo_args a;
     static const int32_t default_tokens[] = COLIBRI_DEFAULT_PROMPT;
     static float logits[COLIBRI_VOCAB], prompt_logits[COLIBRI_VOCAB];
@@ -70,8 +72,14 @@ int main(int argc, char **argv)
         api.token_piece = demo_piece;
         api.tok_strerror = colibri_tok_strerror;
         api.piece_user = &tok;
+        if (COLIBRI_CHAT_PREFIX_LEN || COLIBRI_CHAT_SUFFIX_LEN) {
+            api.chat_prefix = (const char *)chat_prefix;
+            api.chat_suffix = (const char *)chat_suffix;
+            api.chat_prefix_len = COLIBRI_CHAT_PREFIX_LEN;
+            api.chat_suffix_len = COLIBRI_CHAT_SUFFIX_LEN;
+        }
     }
-    if (COLIBRI_DEFAULT_PROMPT_TEXT_LEN && !a.tokens_text && !a.prompt_text) {
+    if (COLIBRI_DEFAULT_PROMPT_TEXT_LEN && !a.tokens_text && !a.prompt_text && !a.chat) {
         a.prompt_text = (const char *)default_text;
         a.prompt_len = COLIBRI_DEFAULT_PROMPT_TEXT_LEN;
     }

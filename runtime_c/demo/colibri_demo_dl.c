@@ -57,6 +57,8 @@ int main(int argc, char **argv)
     api.piece_user = NULL;
     api.tokenize = NULL; /* ids only */
     api.tok_strerror = NULL;
+    api.chat_prefix = api.chat_suffix = NULL;
+    api.chat_prefix_len = api.chat_suffix_len = 0;
     LOOKUP(lib, "colibri_model_blob", model_blob, ok);
     if (!ok)
         return demo_io_error(PROG, a.model, "not a colibri model library (a colibri_* entry point is missing)");

@@ -225,8 +225,8 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
     }
     if (want_model && !a->model)
         return demo_bad(prog, want_model, "no model file given", NULL);
-    if (a->prompt_text && a->tokens_text)
-        return demo_bad(prog, want_model, "give the prompt as --tokens or as --prompt, not both", NULL);
+    if (!!a->prompt_text + !!a->tokens_text + !!a->chat > 1)
+        return demo_bad(prog, want_model, "give the prompt as one of --tokens, --prompt or --chat, not two", NULL);
     return DEMO_CONTINUE;
 }
 
@@ -572,18 +572,26 @@ static const int32_t *demo_prompt(const demo_api *api, colibri_ctx *ctx, const d
     return token_buf;
 }
 
-/* --prompt TEXT into ids by the model's tokenizer: *out is a copy of a with them as its prompt (in
- * *token_buf, mapped for max_seq ids when NULL). More ids than max_seq is refused, never cut. */
+/* --prompt TEXT, or --chat TEXT between the chat template's prefix and suffix, into ids by the model's
+ * tokenizer: *out is a copy of a with them as its prompt (in *token_buf, mapped for max_seq ids when NULL).
+ * More ids than max_seq is refused, never cut. The template's special tokens are parsed; a --chat user
+ * text never is (a special token's name typed by the user stays text). */
 static int demo_tokenize(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t **token_buf,
                          size_t token_cap, const char *prog, const char *name, demo_args *out)
 {
     char why[160];
+    const char *flag = a->chat ? "--chat" : "--prompt";
     colibri_model_info info = {.struct_size = sizeof info};
     colibri_status st = api->info(ctx, &info);
     if (st != COLIBRI_OK)
         return demo_fail(api, prog, name, st);
-    if (!api->tokenize)
-        return demo_bad_input(prog, name, "--prompt needs the model's tokenizer (none in this model or program: give --tokens)");
+    if (!api->tokenize) {
+        snprintf(why, sizeof why, "%s needs the model's tokenizer (none in this model or program%s)", flag,
+                 a->chat ? "" : ": give --tokens");
+        return demo_bad_input(prog, name, why);
+    }
+    if (a->chat && !api->chat_prefix_len && !api->chat_suffix_len)
+        return demo_bad_input(prog, name, "--chat needs the model's chat template (its tokenizer_config.json has none)");
     size_t cap = info.max_seq;
     if (!*token_buf)
         *token_buf = demo_map_anon(cap * sizeof **token_buf);
@@ -591,19 +599,31 @@ static int demo_tokenize(const demo_api *api, colibri_ctx *ctx, const demo_args 
         cap = token_cap;
     if (!*token_buf)
         return demo_io_error(prog, name, "cannot map the tokens");
+    /* the parts: the prompt alone, or prefix, user text, suffix */
+    const char *text[3] = {a->chat ? api->chat_prefix : a->prompt_text, a->chat, api->chat_suffix};
+    const size_t len[3] = {a->chat ? api->chat_prefix_len : a->prompt_len, a->chat ? strlen(a->chat) : 0,
+                           api->chat_suffix_len};
+    const int special[3] = {1, 0, 1};
     size_t n = 0;
-    int ts = api->tokenize(api->piece_user, a->prompt_text, a->prompt_len, *token_buf, cap, &n);
+    int ts = COLIBRI_TOK_OK;
+    for (int i = 0; i < (a->chat ? 3 : 1) && ts == COLIBRI_TOK_OK; i++) {
+        size_t got = 0;
+        if (len[i])
+            ts = api->tokenize(api->piece_user, text[i], len[i], special[i], *token_buf + n, cap - n, &got);
+        n += got;
+    }
     if (ts == COLIBRI_TOK_E_TOO_LONG) {
-        snprintf(why, sizeof why, "--prompt: more than max_seq %lu tokens", (unsigned long)info.max_seq);
+        snprintf(why, sizeof why, "%s: more than max_seq %lu tokens", flag, (unsigned long)info.max_seq);
         return demo_bad_input(prog, name, why);
     }
     if (ts != COLIBRI_TOK_OK || n == 0) {
-        snprintf(why, sizeof why, "--prompt: %s (status %d)", ts ? api->tok_strerror(ts) : "no tokens", ts);
+        snprintf(why, sizeof why, "%s: %s (status %d)", flag, ts ? api->tok_strerror(ts) : "no tokens", ts);
         return demo_bad_input(prog, name, why);
     }
     *out = *a;
     out->prompt_text = NULL;
     out->tokens_text = NULL;
+    out->chat = NULL;
     out->default_tokens = *token_buf;
     out->n_tokens = n;
     return 0;
@@ -613,10 +633,8 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t 
              float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name)
 {
     int rc = 0;
-    if (a->chat) /* the chat prefix/suffix are not in the blob */
-        return demo_bad_input(prog, name, "--chat needs the model's tokenizer and chat template (none in this build)");
     demo_args text_args;
-    if (a->prompt_text) {
+    if (a->prompt_text || a->chat) {
         if ((rc = demo_tokenize(api, ctx, a, &token_buf, token_cap, prog, name, &text_args)) != 0)
             return rc;
         a = &text_args;

@@ -60,16 +60,21 @@ typedef struct demo_api {
     int (*token_piece)(void *user, int32_t id, uint8_t *buf, size_t cap, size_t *len, colibri_utf8_kind *kind);
     void *piece_user;
     /* Text prompts (NULL: ids only): the model's tokenizer (colibri_text.h) encodes len bytes of text into
-     * at most cap ids, returning a COLIBRI_TOK_* status (COLIBRI_TOK_E_TOO_LONG past cap); tok_strerror
-     * names a status. The user pointer is piece_user. */
-    int (*tokenize)(void *user, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n_ids);
+     * at most cap ids, special tokens written in the text matched whole when parse_special, returning a
+     * COLIBRI_TOK_* status (COLIBRI_TOK_E_TOO_LONG past cap); tok_strerror names a status. The user
+     * pointer is piece_user. */
+    int (*tokenize)(void *user, const char *text, size_t len, int parse_special, int32_t *ids, size_t cap,
+                    size_t *n_ids);
     const char *(*tok_strerror)(int status);
+    /* --chat: the chat template's text before and after the user's (NULL: the model has no template) */
+    const char *chat_prefix, *chat_suffix;
+    size_t chat_prefix_len, chat_suffix_len;
 } demo_api;
 
 #define DEMO_LINKED_API \
     {colibri_arena_bytes, colibri_init, colibri_forward, colibri_info, colibri_strerror, colibri_set_parallel, \
      colibri_sample_init, colibri_sample_next, colibri_sample_is_stop, colibri_utf8_feed, colibri_utf8_flush, \
-     NULL, NULL, NULL, NULL}
+     NULL, NULL, NULL, NULL, NULL, NULL, 0, 0}
 #define DEMO_MAX_THREADS 64
 #define DEMO_MAX_STOP 64
 #define DEMO_REPEAT_LAST_N 64

@@ -86,7 +86,9 @@ class Tokenizer:
     def encode(self, text: str | bytes, special: bool = False, parse_special: bool = True,
                max_ids: int | None = None) -> list[int]:
         data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-        cap = max_ids if max_ids is not None else len(data) + 2
+        # at most one id per byte of the text as the tokenizer sees it: NFC makes at most 3 bytes of 1, a
+        # SentencePiece space becomes the 3-byte U+2581 (one more in front), and BOS/EOS
+        cap = max_ids if max_ids is not None else 3 * len(data) + 5
         ids = (ctypes.c_int32 * max(cap, 1))()
         n = ctypes.c_size_t()
         flags = (SPECIAL if special else 0) | (PARSE_SPECIAL if parse_special else 0)
