@@ -116,3 +116,13 @@ def test_binding_generate_text_from_the_blob(out, hf):
     m.reset()
     ids = m.generate(hf.encode(PROMPT, add_special_tokens=False).ids, 8)
     assert text == "".join(chunks) == hf.decode(ids, skip_special_tokens=False)
+
+
+def test_scalar_kernels_build_gives_the_same_text(ckpt, out, hf, build_model):
+    """KERNELS=scalar (the kernels' portable C): the same prompt ids, generated ids and streamed text."""
+    text = "héllo wörld 👋 <|endoftext|>123"
+    scalar = build_model(ckpt, "int8c", "host", "KERNELS=scalar")
+    runs = [_run(o / "colibri_demo", "--prompt", text, "--generate", "8", "--print-logits") for o in (out, scalar)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    (t0, ids0), (t1, ids1) = (_parse(r.stdout) for r in runs)
+    assert ids0 == ids1 == _expected(out, hf, text, 8) and t0 == t1
