@@ -1,6 +1,6 @@
 """The C tokenizer outside Python (runtime_c/test/tok_driver.c): mutated and cut-short tokenizer sections
 are refused with an error code or run within bounds (ASan/UBSan), and cross-built for the Linux targets
-(AArch64, RISC-V 64 under qemu-user) it gives the host's ids, which are HF tokenizers' ids."""
+(AArch64, 32-bit Arm, RISC-V 64 under qemu-user) it gives the host's ids, which are HF tokenizers' ids."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_mutated_sections_never_crash(tmp_path, tiny_section):
 
 @pytest.mark.skipif(not MODELS.is_dir(), reason=f"{MODELS} missing: run `bash toolchain/dev.sh setup`")
 @pytest.mark.parametrize("cc,runner", [("aarch64-linux-gnu-gcc", "qemu-aarch64"),
+                                       ("arm-linux-gnueabihf-gcc", "qemu-arm"),  # 32-bit: rpi-armv7
                                        ("riscv64-linux-gnu-gcc", "qemu-riscv64")])
 def test_cross_targets_same_ids(tmp_path, tmp_path_factory, cc, runner):
     from tokenizers import Tokenizer as HF

@@ -307,6 +307,7 @@ def test_deepseek_pre_tokens_are_hf_splits(lib):
 
 @needs_models
 @pytest.mark.parametrize("cc,runner", [("aarch64-linux-gnu-gcc", "qemu-aarch64"),
+                                       ("arm-linux-gnueabihf-gcc", "qemu-arm"),  # 32-bit: rpi-armv7
                                        ("riscv64-linux-gnu-gcc", "qemu-riscv64")])
 def test_cross_targets_same_ids(tmp_path, qwen2_nfc, deepseek_dir, cc, runner):
     """NFC and DeepSeek's pre-tokenizer cross-built (runtime_c/test/tok_driver.c) under qemu-user: HF's ids"""
