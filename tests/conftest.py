@@ -58,6 +58,15 @@ def golden_ckpts(tmp_path_factory) -> dict[str, Path]:
     return {name: synth(base / name, **kw) for name, kw in GOLDEN.items()}
 
 
+# Every Linux target's checkpoint (tests/test_cross.py); test_size audits the same builds.
+CROSS_SHAPE = dict(layers=2, hidden=40, ffn=56, heads=4, kv_heads=2, experts=4, top_k=2, vocab=101, seed=21)
+
+
+@pytest.fixture(scope="session")
+def cross_ckpt(tmp_path_factory) -> Path:
+    return synth(tmp_path_factory.mktemp("cross") / "crossm", **CROSS_SHAPE)
+
+
 def output_dirs(res: subprocess.CompletedProcess) -> dict[str, Path]:
     """{target: its output directory} from the lines a build prints."""
     from colibri.toolchain.scons.layout import output_dirs as parse

@@ -541,14 +541,15 @@ def _artifacts(out: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("target", _target_names())
-def test_built_artifacts_of_every_target(target, golden_ckpts, build_model):
+def test_built_artifacts_of_every_target(target, cross_ckpt, build_model):
+    """The artifacts of test_cross's builds (the session's, shared), and of the other targets."""
     from colibri.toolchain.targets import load_target
 
     t = load_target(target)
     missing = t.missing()
     if missing:
         pytest.skip(f"target {target}: {', '.join(missing)} not installed ({t.install_hint()})")
-    out = build_model(golden_ckpts["gqa_top2"], "int8c", target)
+    out = build_model(cross_ckpt, "int8c", target)
     blob = json.loads((out / "manifest.json").read_text())["blob"]["bytes"]
     arts = _artifacts(out)
     assert arts
