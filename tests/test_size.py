@@ -542,7 +542,8 @@ def _artifacts(out: Path) -> list[Path]:
 
 @pytest.mark.parametrize("target", _target_names())
 def test_built_artifacts_of_every_target(target, cross_ckpt, build_model):
-    """The artifacts of test_cross's builds (the session's, shared), and of the other targets."""
+    """Every artifact a target builds of the cross checkpoint: on Linux targets the builds test_cross runs
+    (build_model shares them), so one build per target serves both files."""
     from colibri.toolchain.targets import load_target
 
     t = load_target(target)
