@@ -58,6 +58,15 @@ def golden_ckpts(tmp_path_factory) -> dict[str, Path]:
     return {name: synth(base / name, **kw) for name, kw in GOLDEN.items()}
 
 
+# Every Linux target's checkpoint (tests/test_cross.py); test_size audits the same builds.
+CROSS_SHAPE = dict(layers=2, hidden=40, ffn=56, heads=4, kv_heads=2, experts=4, top_k=2, vocab=101, seed=21)
+
+
+@pytest.fixture(scope="session")
+def cross_ckpt(tmp_path_factory) -> Path:
+    return synth(tmp_path_factory.mktemp("cross") / "crossm", **CROSS_SHAPE)
+
+
 def output_dirs(res: subprocess.CompletedProcess) -> dict[str, Path]:
     """{target: its output directory} from the lines a build prints."""
     from colibri.toolchain.scons.layout import output_dirs as parse
@@ -65,19 +74,58 @@ def output_dirs(res: subprocess.CompletedProcess) -> dict[str, Path]:
     return parse(res.stdout)
 
 
+def _target_dir_args(extra: tuple[str, ...]) -> tuple[list[str], bool]:
+    """The sanitizers and KERNELS=scalar among a build's options: what names build/<target...>/."""
+    opts = dict(e.split("=", 1) for e in extra if "=" in e)
+    return [s for s in opts.get("SANITIZE", "").split(",") if s], opts.get("KERNELS") == "scalar"
+
+
+def _model_key(ckpt: Path, quant: str, extra: tuple[str, ...]) -> tuple:
+    return str(ckpt), quant, tuple(e for e in extra if not e.startswith(("SANITIZE=", "KERNELS=")))
+
+
 @pytest.fixture(scope="session")
 def build_model(tmp_path_factory):
-    """build_model(ckpt, quant, target="host", *extra) -> the output directory of a fresh build root
-    (build/<target>/<model>/ for the default options, see toolchain/scons/layout.py)."""
-    done: dict[tuple, Path] = {}
+    """build_model(ckpt, quant, target="host", *extra, only=()) -> the output directory of the build
+    (build/<target>/<model>/ for the default options, see toolchain/scons/layout.py).
 
-    def get(ckpt: Path, quant: str = "int8c", target: str = "host", *extra: str) -> Path:
+    Every build of the session shares one build root, so a target's model-independent objects compile
+    once for all models (toolchain/scons/linux.py) and one export serves every target of its layout.
+    Tests that check null builds, hostile paths or layouts call scons() with a root of their own.
+    only=("colibri_demo",) builds just those files of the output directory (what a test runs); a later
+    call without `only` builds the rest."""
+    from colibri.toolchain.scons.layout import REGISTRY, target_dir
+
+    root = tmp_path_factory.mktemp("build")
+    dirs: dict[tuple, Path] = {}
+    built: dict[tuple, set[str] | None] = {}  # the files built by name, None: everything
+    names: dict[tuple, str] = {}  # the output directory's name (<key>) of a model and its export options
+
+    def out_dir(ckpt: Path, quant: str, target: str, extra: tuple[str, ...], args: tuple[str, ...]) -> Path:
+        """Where the build will put its outputs: its key is the same on every target, else ask SCons
+        (reading the graph and naming the registry, which exists, as the only target builds nothing)."""
+        sanitize, scalar = _target_dir_args(extra)
+        model = _model_key(ckpt, quant, extra)
+        if model not in names:
+            names[model] = output_dirs(scons(*args, str(root / REGISTRY), build=root))[target].name
+        return root / target_dir(target, sanitize, scalar) / names[model]
+
+    def get(ckpt: Path, quant: str = "int8c", target: str = "host", *extra: str,
+            only: tuple[str, ...] = ()) -> Path:
         key = (str(ckpt), quant, target, extra)
-        if key not in done:
-            build = tmp_path_factory.mktemp(f"build-{quant}-{target}")
-            res = scons(f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra, build=build)
-            done[key] = output_dirs(res)[target]
-        return done[key]
+        have = built.get(key, set())
+        if key in built and (have is None or (only and set(only) <= have)):
+            return dirs[key]
+        args = (f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra)
+        if only:
+            dirs[key] = out_dir(ckpt, quant, target, extra, args)
+            scons(*args, *(str(dirs[key] / f) for f in only), build=root)
+            built[key] = have | set(only)
+        else:
+            dirs[key] = output_dirs(scons(*args, build=root))[target]
+            names.setdefault(_model_key(ckpt, quant, extra), dirs[key].name)
+            built[key] = None
+        return dirs[key]
 
     return get
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from colibri.toolchain.targets import load_target
 
 from blobread import header as blob_header
 from blobread import weights as blob_weights
-from conftest import BIN, ROOT, require_target, scons, synth
+from conftest import BIN, CROSS_SHAPE, ROOT, require_target, scons, synth
 from targets_under_test import cross, one_per_arch
 
 CROSS = cross()
@@ -23,14 +24,7 @@ ELF_MACHINE = {"x86_64": "Advanced Micro Devices X86-64", "aarch64": "AArch64", 
                "riscv64": "RISC-V"}
 PROMPT = [3, 17, 42]
 N_GEN = 16
-SHAPE = dict(layers=2, hidden=40, ffn=56, heads=4, kv_heads=2, experts=4, top_k=2, vocab=101, seed=21)
-
-
-@pytest.fixture(scope="module")
-def cross_ckpt(tmp_path_factory):
-    return synth(tmp_path_factory.mktemp("cross") / "crossm", **SHAPE)
-
-
+SHARED_PROGRAM_OBJECTS = ("demo_common", "colibri_run", "colibri_demo_dl")  # the programs' model-independent objects
 @pytest.fixture(scope="module")
 def references(cross_ckpt):
     c = open_checkpoint(cross_ckpt)
@@ -144,6 +138,16 @@ def test_all_targets_in_one_run_and_null_build(cross_ckpt, tmp_path):
     for t in usable:
         assert (build / t / "crossm" / "colibri_demo").is_file()
         assert (build / t / "crossm" / "compile_commands.json").is_file()
+    # a second model of one target in the same build directory compiles only what depends on the model;
+    # its obj/ holds the same shared objects, with their stack files, as the first's
+    other = synth(tmp_path / "other" / "otherm", **{**CROSS_SHAPE, "seed": 22})
+    compiled = [line.split()[-1] for line in scons(f"MODEL={other}", f"TARGET={usable[0]}", build=build).stdout
+                .splitlines() if line.startswith("CC ")]
+    assert compiled and not [c for c in compiled if "/generic/" in c or Path(c).stem in SHARED_PROGRAM_OBJECTS]
+    first, second = build / usable[0] / "crossm" / "obj", build / usable[0] / "otherm" / "obj"
+    for obj in sorted((first / "generic").glob("*.os")) + [first / f"{o}.o" for o in SHARED_PROGRAM_OBJECTS]:
+        assert (second / obj.relative_to(first)).read_bytes() == obj.read_bytes(), obj.name
+        assert (second / obj.relative_to(first)).with_suffix(".su").is_file(), obj.name
     assert scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", "--question", build=build,
                  check=False).returncode == 0
 
@@ -153,7 +157,7 @@ def test_scalar_builds_agree_bit_for_bit_across_targets(cross_ckpt, build_model)
     runs = {}
     for target in one_per_arch(CROSS):
         require_target(target)
-        out = build_model(cross_ckpt, "int8c", target, "KERNELS=scalar")
+        out = build_model(cross_ckpt, "int8c", target, "KERNELS=scalar", only=("colibri_demo",))
         lines = _run(target, out / "colibri_demo", "--tokens", "3,17,42", "--generate", "8", "--print-logits")
         runs[target] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
     first = next(iter(runs.values()))
@@ -172,7 +176,7 @@ def test_integer_matmuls_give_the_same_bits_everywhere(tmp_path_factory, build_m
     runs = {}
     for target, extra in [("host", ()), ("host", ("KERNELS=scalar",))] + [(t, ()) for t in CROSS]:
         require_target(target)
-        out = build_model(ckpt, "int8c", target, *extra)
+        out = build_model(ckpt, "int8c", target, *extra, only=("colibri_demo",))
         lines = _run(target, out / "colibri_demo", *args)
         runs[f"{target} {' '.join(extra)}"] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
     host = build_model(ckpt, "int8c", "host")

@@ -384,6 +384,21 @@ def test_stack_known_chain_and_recursion(cc, tmp_path):
     assert not ind["bounded"] and any("indirect" in x for x in ind["reasons"])
 
 
+def test_object_read_again_when_rebuilt_in_place(tmp_path):
+    """The stack audit reads each object's compile unit once per version of the file (every artifact of a
+    build directory looks at the same objects): an object rebuilt under the same name is read again."""
+    from colibri.toolchain.size.stack import _fingerprint
+
+    _skip_unless(["gcc"])
+    seen = []
+    for body in ("int f(void) { return 1; }\n", "int f(void) { return 1; }\nint g(int x) { return x * 3 + f(); }\n"):
+        (tmp_path / "u.c").write_text(body)
+        subprocess.run(["gcc", "-g", "-c", "u.c", "-o", "u.o"], cwd=tmp_path, check=True)
+        seen.append(_fingerprint(tmp_path / "u.o"))
+    assert seen[0][0] == seen[1][0] == "u.c"
+    assert seen[1][1] > seen[0][1], "the rebuilt object's larger unit must be read, not the first one's"
+
+
 def test_stack_graph_from_text(tmp_path):
     ci = tmp_path / "g.ci"
     ci.write_text('graph: { title: "g.c"\n'
@@ -526,14 +541,16 @@ def _artifacts(out: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("target", _target_names())
-def test_built_artifacts_of_every_target(target, golden_ckpts, build_model):
+def test_built_artifacts_of_every_target(target, cross_ckpt, build_model):
+    """Every artifact a target builds of the cross checkpoint: on Linux targets the builds test_cross runs
+    (build_model shares them), so one build per target serves both files."""
     from colibri.toolchain.targets import load_target
 
     t = load_target(target)
     missing = t.missing()
     if missing:
         pytest.skip(f"target {target}: {', '.join(missing)} not installed ({t.install_hint()})")
-    out = build_model(golden_ckpts["gqa_top2"], "int8c", target)
+    out = build_model(cross_ckpt, "int8c", target)
     blob = json.loads((out / "manifest.json").read_text())["blob"]["bytes"]
     arts = _artifacts(out)
     assert arts

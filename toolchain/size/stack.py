@@ -11,6 +11,7 @@ On x86-64 the 128-byte red zone a leaf may use below the stack pointer is added.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,9 +103,20 @@ def read_ci(path: Path, graph: CallGraph) -> None:
 
 
 def _fingerprint(obj: Path) -> tuple[str, int] | None:
-    """(compile-unit name, unit length) of an object: ld copies .debug_info units unchanged."""
+    """(compile-unit name, unit length) of an object: ld copies .debug_info units unchanged. Read once per
+    version of the file (its inode, size and modification time): every artifact of a build directory
+    looks at the same objects, and reading one's DWARF applies all its relocations."""
     try:
-        with open_input(obj, "object file") as f:
+        st = obj.stat()
+    except OSError:
+        return None
+    return _read_fingerprint(str(obj), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_fingerprint(obj: str, version: tuple[int, int, int, int]) -> tuple[str, int] | None:  # noqa: ARG001 - the cache key
+    try:
+        with open_input(Path(obj), "object file") as f:
             elf = ELFFile(f)
             unit = object_unit(elf) if elf.has_dwarf_info() else None
     except Exception:  # a stray or foreign object is simply not matched
