@@ -13,11 +13,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from colibri.toolchain.csources import FLOAT_CFLAGS, WARN_CFLAGS, runtime_sources
+from colibri.toolchain.csources import FLOAT_CFLAGS, TEXT_SRC, WARN_CFLAGS, runtime_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SRC = ROOT / "runtime_c" / "test"
 RUNTIME_SRC = runtime_sources()
+# fuzz_blob.c: the blob through colibri_init and forward, and its tokenizer section through the text runtime
+FUZZ_SRC = [TEST_SRC / "fuzz_blob.c", *RUNTIME_SRC, *runtime_sources(TEXT_SRC)]
 CFLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, "-g", "-O1", "-fno-omit-frame-pointer", f"-I{ROOT / 'runtime_c' / 'include'}"]
 # The vector kernels the host build uses (AVX2 / AVX-512 / NEON); COLIBRI_SCALAR forces the scalar ones.
 NATIVE = ["-march=native"] if platform.machine() in ("x86_64", "aarch64") else []
@@ -54,6 +56,9 @@ SEEDS = {
                             seed=26, heavy_tail=True), dict(quant="int8c", outlier_frac=0.05, max_seq=6)),
     "int8_q8_rows": (dict(layers=1, hidden=64, ffn=32, heads=2, kv_heads=2, experts=2, top_k=1, vocab=18,
                           seed=27, tie=True), dict(quant="int8", group_size=32, layout="rows", max_seq=4)),
+    # a tokenizer section (tests/tokvocab.py's byte-level BPE, 320 pieces) for colibri_tok_from_blob
+    "f16_tokenizer": (dict(layers=1, hidden=8, ffn=8, heads=2, kv_heads=1, experts=2, top_k=1, vocab=320,
+                           seed=28), dict(quant="f16", max_seq=4)),
     # the format 1.1 feature flags: q/k/v biases, gated shared expert and a dense layer (Qwen2-MoE), per-head
     # q/k norms (Qwen3-MoE), whole q/k norms without top-k renormalisation (OLMoE), ungated shared expert,
     # dense first layer and routed scale (DeepSeek-MoE)
@@ -103,6 +108,10 @@ def seed_blobs(base: Path) -> list[Path]:
         blobs = []
         for name, (synth_kw, opts) in SEEDS.items():
             ckpt = synth_checkpoint(base / "ckpt" / name, **synth_kw)
+            if name.endswith("_tokenizer"):
+                from tokvocab import train_bytelevel
+
+                train_bytelevel(ckpt, synth_kw["vocab"])
             out = base / "gen" / name
             export(ckpt, out, ExportOptions(prompt=[1], generate=1, predict=False, **opts))
             blobs.append(out / "model.bin")

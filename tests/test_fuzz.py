@@ -22,6 +22,7 @@ from test_badblob import E as STATUS
 
 from cbuild import (
     ASAN,
+    FUZZ_SRC,
     KNOWN,
     NATIVE,
     RUNTIME_SRC,
@@ -52,7 +53,7 @@ def seeds(tmp_path_factory):
 def runner(tmp_path_factory):
     """fuzz_blob.c with its own main, ASan + UBSan: runs files once each."""
     out = tmp_path_factory.mktemp("fuzz-run") / "fuzz_run"
-    return compile_c(out, [TEST_SRC / "fuzz_blob.c", *RUNTIME_SRC], ASAN + NATIVE + ["-DCB_FUZZ_MAIN"])
+    return compile_c(out, FUZZ_SRC, ASAN + NATIVE + ["-DCB_FUZZ_MAIN"])
 
 
 def test_seeds_and_regressions_replay_clean(seeds, runner):
@@ -85,7 +86,7 @@ def _line_coverage(cc: str, corpus, work) -> dict | None:
             break
     else:
         return None
-    exe = compile_c(work / "fuzz_cov", [TEST_SRC / "fuzz_blob.c", *RUNTIME_SRC],
+    exe = compile_c(work / "fuzz_cov", FUZZ_SRC,
                     ["-DCB_FUZZ_MAIN", "-fprofile-instr-generate", "-fcoverage-mapping", *NATIVE], cc=cc)
     files = sorted(p for p in corpus.iterdir() if p.is_file())
     for i in range(0, len(files), 500):  # one profile per batch of files, merged below
@@ -110,7 +111,7 @@ def test_fuzz_init_and_forward(seeds, tmp_path):
     cc = fuzz_clang()
     if cc is None:
         pytest.skip("clang not installed (apt-get install clang): no libFuzzer")
-    fuzzer = compile_c(tmp_path / "fuzz_blob", [TEST_SRC / "fuzz_blob.c", *RUNTIME_SRC],
+    fuzzer = compile_c(tmp_path / "fuzz_blob", FUZZ_SRC,
                        ["-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", *NATIVE], cc=cc)
     corpus = tmp_path / "corpus"
     corpus.mkdir()

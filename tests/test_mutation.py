@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from blobread import HEADER_FIELDS, entry_offset, header
-from cbuild import ASAN, KNOWN, NATIVE, RUNTIME_SRC, SCALAR, TEST_SRC, compile_c, run_files, seed_blobs
+from cbuild import ASAN, FUZZ_SRC, KNOWN, NATIVE, SCALAR, compile_c, run_files, seed_blobs
 
 N_MUTATIONS = 2000
 FMT_BITS = {"H": 16, "I": 32, "Q": 64}
@@ -130,7 +130,7 @@ def mutations(tmp_path_factory) -> tuple[list, dict]:
 
 @pytest.mark.parametrize("kernels", ["native", "scalar"])
 def test_random_mutations_never_crash(kernels, tmp_path, mutations):
-    runner = compile_c(tmp_path / "fuzz_run", [TEST_SRC / "fuzz_blob.c", *RUNTIME_SRC],
+    runner = compile_c(tmp_path / "fuzz_run", FUZZ_SRC,
                        ASAN + ["-DCB_FUZZ_MAIN"] + (NATIVE if kernels == "native" else SCALAR))
     files, kinds = mutations
     rows = run_files(runner, files)

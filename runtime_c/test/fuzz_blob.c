@@ -1,6 +1,7 @@
 /*
  * fuzz_blob.c - the model blob as hostile input: colibri_arena_bytes,
- * colibri_init and a few colibri_forward calls on whatever init accepts.
+ * colibri_init and a few colibri_forward calls on whatever init accepts; its
+ * tokenizer section through colibri_tok_from_blob, encode and decode.
  *
  * Built two ways (tests/test_fuzz.py, tests/test_mutation.py):
  *   clang -fsanitize=fuzzer,address,undefined        libFuzzer target
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "colibri.h"
+#include "colibri_text.h"
 
 #include "../src/cb_format.h"
 #include "../src/cbmath.h"
@@ -107,9 +109,43 @@ static void fuzz_forward(colibri_ctx *ctx, const uint8_t *b, size_t len)
     free(again);
 }
 
+/* The tokenizer section, whatever init said of the blob: a documented status, and on success an encode and
+ * decode that stay within their buffers and give ids of the vocabulary. */
+static void fuzz_text(const uint8_t *b, size_t len)
+{
+    static const char text[] = "Hello, w\xc3\xb6rld 123 <|endoftext|> \xe2\x96\x81x \xf0\x9f\x91\x8b\xcc\x81";
+    colibri_tok t;
+    int ts = colibri_tok_from_blob(&t, b, len);
+    FUZZ_CHECK(ts == COLIBRI_TOK_OK || ts == COLIBRI_TOK_E_NONE || ts == COLIBRI_TOK_E_SECTION ||
+               ts == COLIBRI_TOK_E_VERSION);
+    FUZZ_CHECK(colibri_tok_strerror(ts) != NULL);
+    if (ts != COLIBRI_TOK_OK)
+        return;
+    uint32_t *scratch = fuzz_alloc(COLIBRI_TOK_SCRATCH_BYTES);
+    int32_t ids[64];
+    size_t n = 0;
+    ts = colibri_tok_encode(&t, text, sizeof text - 1, COLIBRI_TOK_PARSE_SPECIAL | COLIBRI_TOK_SPECIAL, ids,
+                            sizeof ids / sizeof ids[0], &n, scratch, COLIBRI_TOK_SCRATCH_BYTES);
+    FUZZ_CHECK(ts == COLIBRI_TOK_OK || ts == COLIBRI_TOK_E_TOO_LONG || ts == COLIBRI_TOK_E_SCRATCH ||
+               ts == COLIBRI_TOK_E_NFC);
+    FUZZ_CHECK(n <= sizeof ids / sizeof ids[0]);
+    char piece[256];
+    for (size_t i = 0; ts == COLIBRI_TOK_OK && i < n; i++) {
+        size_t got = 0;
+        FUZZ_CHECK(ids[i] >= 0 && (uint32_t)ids[i] < colibri_tok_vocab(&t));
+        int ds = colibri_tok_decode(&t, ids[i], i == 0 ? COLIBRI_TOK_FIRST : 0u, piece, sizeof piece, &got);
+        FUZZ_CHECK((ds == COLIBRI_TOK_OK && got <= sizeof piece) || ds == COLIBRI_TOK_E_TOO_LONG);
+    }
+    size_t got = 0;
+    FUZZ_CHECK(colibri_tok_decode(&t, (int32_t)colibri_tok_vocab(&t), 0u, piece, sizeof piece, &got) ==
+               COLIBRI_TOK_E_ID);
+    free(scratch);
+}
+
 /* init and forward on one 64-aligned copy of the input; returns init's status */
 static colibri_status fuzz_blob(const uint8_t *b, size_t len)
 {
+    fuzz_text(b, len);
     size_t need = 0;
     colibri_status st = colibri_arena_bytes(b, len, &need);
     FUZZ_CHECK(fuzz_known(st) && colibri_strerror(st) != NULL);
