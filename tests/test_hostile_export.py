@@ -296,7 +296,9 @@ def test_bad_synth_arguments_are_one_line(tmp_path):
 
 
 def _big(tmp_path: Path) -> Path:
-    return synth(tmp_path / "big", layers=4, hidden=128, ffn=256, heads=4, kv_heads=2, experts=8, top_k=2,
+    """Big enough that an export interrupted in layer 1 still has most of its work ahead (16 layers, 28 M
+    weights: about a second), so the signal always lands before it ends."""
+    return synth(tmp_path / "big", layers=16, hidden=192, ffn=384, heads=4, kv_heads=2, experts=8, top_k=2,
                  vocab=256, seed=5)
 
 
@@ -309,7 +311,7 @@ def test_interrupt_is_exit_130_and_leaves_the_output(ck, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        for line in proc.stdout:  # one line per tensor: interrupt it in layer 1 of 4
+        for line in proc.stdout:  # one line per tensor: interrupt it in layer 1 of 16
             if "layers.1." in line:
                 break
         proc.send_signal(signal.SIGINT)
