@@ -307,9 +307,12 @@ def test_interrupt_is_exit_130_and_leaves_the_output(ck, tmp_path):
     assert colibri("export", ck, "-o", out, "--no-predict").returncode == 0
     before = tree(out)
     big = _big(tmp_path)
+    # SIGINT at its default in the child: a suite started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then leaves it ignored (the export would finish, exit 0)
     proc = subprocess.Popen([str(BIN / "colibri"), "export", str(big), "-o", str(out), "--no-predict"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:  # one line per tensor: interrupt it in layer 1 of 16
             if "layers.1." in line:
