@@ -127,6 +127,7 @@ def build_model(tmp_path_factory):
             built[key] = None
         return dirs[key]
 
+    get.root = root  # for tests that run scons themselves on the shared root (another model, null builds)
     return get
 
 
