@@ -56,7 +56,7 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
     uint64_t dense = cb_layer_slots(m->flags, m->n_experts, 1).n_tensors;
     uint64_t moe = cb_layer_slots(m->flags, m->n_experts, 0).n_tensors;
     return CB_FIRST_LAYER + n_dense * dense + (m->n_layers - n_dense) * moe + (m->tied ? 1 : 2)
-           + (m->flags & CB_FLAG_TOKENIZER ? 1 : 0);
+           + (m->flags & CB_FLAG_PARAMS ? 1 : 0) + (m->flags & CB_FLAG_TOKENIZER ? 1 : 0);
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
@@ -134,6 +134,77 @@ static colibri_status cb_check_features(cb_check *v, uint32_t flags)
     return COLIBRI_OK;
 }
 
+/* ------------------------------------------------------------ parameters */
+
+/* A section entry (PARAMS, TOKENIZER) at table index i: U8 bytes x 1 of the kind, inside the payload. */
+static colibri_status cb_check_bytes_entry(cb_check *v, size_t i, unsigned kind)
+{
+    const uint8_t *e = cb_entry(v->b, i);
+    uint64_t bytes = cb_rd32(e + CB_E_ROWS), off = cb_rd64(e + CB_E_DATA_OFF);
+    if (cb_rd16(e + CB_E_KIND) != kind || cb_rd16(e + CB_E_LAYER) || cb_rd16(e + CB_E_EXPERT))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* section: not its kind's entry where the flag puts it */
+    if (e[CB_E_DTYPE] != CB_BYTES_DTYPE || e[CB_E_SCALE_DTYPE] || bytes == 0 || cb_rd32(e + CB_E_COLS) != 1
+        || cb_rd32(e + CB_E_ROW_STRIDE) != 1 || cb_rd32(e + CB_E_GROUP_SIZE) || cb_rd32(e + CB_E_N_OUTLIERS)
+        || cb_rd32(e + CB_E_RESERVED) || cb_rd64(e + CB_E_SCALE_OFF) || cb_rd64(e + CB_E_OIDX_OFF)
+        || cb_rd64(e + CB_E_OVAL_OFF))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* section: not U8 bytes x 1, or a part a section lacks */
+    if (kind == CB_KIND_PARAMS && bytes % CB_PARAM_RECORD_BYTES)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* params: a length not a whole number of records */
+    if (off % CB_ALIGN != 0 || off < v->header_bytes || cb_add(off, bytes) > v->len)
+        return CB_BAD(COLIBRI_E_TENSOR_BOUNDS); /* section: unaligned or outside the payload */
+    return COLIBRI_OK;
+}
+
+/* The parameters section (FORMAT.md "Parameters"), before anything is sized from it: its entry, then each
+ * record against the keys this runtime knows (CB_PARAM_DEFS) and the header's flags and n_layers. */
+static colibri_status cb_check_params(cb_check *v)
+{
+    static const cb_param_def defs[] = CB_PARAM_DEFS;
+    cb_model *m = v->m;
+    uint8_t seen[sizeof defs / sizeof defs[0]] = {0};
+    uint32_t n_tensors = cb_rd32(v->b + CB_H_N_TENSORS);
+    m->n_params = 0;
+    if (!(m->flags & CB_FLAG_PARAMS)) {
+        if (m->flags & CB_PARAM_FLAGS)
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: a feature with parameters, without PARAMS */
+        return COLIBRI_OK;
+    }
+    uint32_t tok = (m->flags & CB_FLAG_TOKENIZER) ? 1 : 0;
+    if (n_tensors < CB_FIRST_LAYER + 1 + tok)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* n_tensors: no room for the PARAMS entry */
+    size_t i = (size_t)n_tensors - 1 - tok;
+    CB_TRY(cb_check_bytes_entry(v, i, CB_KIND_PARAMS));
+    const uint8_t *rec = v->b + cb_rd64(cb_entry(v->b, i) + CB_E_DATA_OFF);
+    uint32_t n = cb_rd32(cb_entry(v->b, i) + CB_E_ROWS) / CB_PARAM_RECORD_BYTES;
+    for (uint32_t r = 1; r < n; r++) { /* the structure first: a newer feature's section is still sorted */
+        const uint8_t *a = rec + CB_PARAM_RECORD_BYTES * (r - 1), *b = a + CB_PARAM_RECORD_BYTES;
+        if (((uint32_t)cb_rd16(b) << 16 | cb_rd16(b + 2)) <= ((uint32_t)cb_rd16(a) << 16 | cb_rd16(a + 2)))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: records not sorted by (key, index), or repeated */
+    }
+    for (uint32_t r = 0; r < n; r++, rec += CB_PARAM_RECORD_BYTES) {
+        uint32_t key = cb_rd16(rec), index = cb_rd16(rec + 2), value = cb_rd32(rec + 4);
+        size_t d = 0;
+        while (defs[d].key && defs[d].key != key) /* the list ends with key 0 */
+            d++;
+        if (!defs[d].key)
+            return CB_BAD(COLIBRI_E_VERSION); /* params: a key of a newer feature than this runtime's */
+        if (defs[d].per_layer ? index >= m->n_layers : index != 0)
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: index past n_layers, or nonzero on a global key */
+        if (!(m->flags & defs[d].flag))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: a key without its flag */
+        float f;
+        memcpy(&f, &value, sizeof f);
+        if (defs[d].type == CB_PARAM_F32 && !(f >= -FLT_MAX && f <= FLT_MAX))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: an f32 value not finite */
+        seen[d] = 1;
+    }
+    for (size_t d = 0; defs[d].key; d++)
+        if (defs[d].required && (m->flags & defs[d].flag) && !seen[d])
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: a flag without a key it requires */
+    m->n_params = n;
+    return COLIBRI_OK;
+}
+
 /* The frame around the model: alignment, length, magic, major version, table size, CRC-32. */
 static colibri_status cb_check_frame(cb_check *v)
 {
@@ -191,6 +262,7 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* rms_eps: negative or not finite */
     if (m->n_layers > CB_MAX_LAYERS || m->n_experts > CB_MAX_EXPERTS)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
+    CB_TRY(cb_check_params(v));
     uint64_t bytes[CB_N_BUFFERS];
     cb_buffer_bytes(m, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
@@ -272,24 +344,6 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     return COLIBRI_OK;
 }
 
-/* The TOKENIZER entry i: raw bytes after the weights, inside the blob (colibri_tok_init checks what they
- * say; the forward pass never reads them). */
-static colibri_status cb_check_section(cb_check *v, size_t i)
-{
-    const uint8_t *e = cb_entry(v->b, i);
-    uint64_t bytes = cb_rd32(e + CB_E_ROWS), off = cb_rd64(e + CB_E_DATA_OFF);
-    if (cb_rd16(e + CB_E_KIND) != CB_KIND_TOKENIZER || cb_rd16(e + CB_E_LAYER) || cb_rd16(e + CB_E_EXPERT))
-        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not a TOKENIZER entry where the flag puts it */
-    if (e[CB_E_DTYPE] != CB_BYTES_DTYPE || e[CB_E_SCALE_DTYPE] || bytes == 0 || cb_rd32(e + CB_E_COLS) != 1
-        || cb_rd32(e + CB_E_ROW_STRIDE) != 1 || cb_rd32(e + CB_E_GROUP_SIZE) || cb_rd32(e + CB_E_N_OUTLIERS)
-        || cb_rd32(e + CB_E_RESERVED) || cb_rd64(e + CB_E_SCALE_OFF) || cb_rd64(e + CB_E_OIDX_OFF)
-        || cb_rd64(e + CB_E_OVAL_OFF))
-        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not U8 bytes x 1, or a part a section lacks */
-    if (off % CB_ALIGN != 0 || off < v->header_bytes || cb_add(off, bytes) > v->len)
-        return CB_BAD(COLIBRI_E_TENSOR_BOUNDS); /* tokenizer: unaligned or outside the payload */
-    return COLIBRI_OK;
-}
-
 /* An MLP's three matrices from table index i: gate and up hidden -> w, down w -> hidden. */
 static colibri_status cb_check_mlp(cb_check *v, size_t i, const unsigned kind[3], uint32_t l, uint32_t e, uint64_t w)
 {
@@ -348,8 +402,11 @@ static colibri_status cb_check_tensors(cb_check *v)
     CB_TRY(cb_check_entry(v, base, CB_KIND_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
     if (!m->tied)
         CB_TRY(cb_check_entry(v, base + 1, CB_KIND_LM_HEAD, 0, 0, m->vocab, d, DT_ANY));
-    if (m->flags & CB_FLAG_TOKENIZER)
-        CB_TRY(cb_check_section(v, base + (m->tied ? 1 : 2)));
+    base += m->tied ? 1 : 2;
+    if (m->flags & CB_FLAG_PARAMS) /* checked by cb_check_params, from the same n_tensors */
+        base++;
+    if (m->flags & CB_FLAG_TOKENIZER) /* colibri_tok_init checks what its bytes say */
+        CB_TRY(cb_check_bytes_entry(v, base, CB_KIND_TOKENIZER));
     return COLIBRI_OK;
 }
 

@@ -91,9 +91,10 @@
 #define CB_FLAG_DENSE_LAYERS (1u << 7)
 #define CB_FLAG_ROUTED_SCALE (1u << 8)
 #define CB_FLAG_TOKENIZER (1u << 9)
+#define CB_FLAG_PARAMS (1u << 10)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
-#define CB_FLAGS_KNOWN 0xC3FFu
+#define CB_FLAGS_KNOWN 0xC7FFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -108,8 +109,21 @@
 #define CB_DTYPE_INT4 5u
 #define CB_DTYPE_INT4C 6u
 #define CB_DTYPE_LAST 6u /* codes above: formats this runtime lacks */
-#define CB_BYTES_DTYPE 7u /* U8: raw bytes, the TOKENIZER entry only */
+#define CB_BYTES_DTYPE 7u /* U8: raw bytes, the TOKENIZER and PARAMS entries only */
 #define CB_INT4_BLOCK_BYTES 16u /* an int4 row: this many bytes a Q8 block */
+
+/* the parameters section (FORMAT.md "Parameters"): records of {u16 key, u16 index, u32 value} */
+#define CB_PARAM_RECORD_BYTES 8u
+#define CB_PARAM_U32 0u
+#define CB_PARAM_F32 1u
+#define CB_PARAM_FLAGS 0x0u /* flags whose feature reads parameters */
+typedef struct cb_param_def {
+    uint16_t key;
+    uint8_t type, per_layer, required; /* required: its flag needs at least one record of it */
+    uint32_t flag;
+} cb_param_def;
+/* every key this runtime knows, then a key-0 end mark */
+#define CB_PARAM_DEFS { {0u, 0u, 0u, 0u, 0u} }
 
 /* tensor kinds */
 enum cb_kind {
@@ -140,6 +154,7 @@ enum cb_kind {
     CB_KIND_MLP_DOWN = 25,
     CB_KIND_MLP_UP = 26,
     CB_KIND_TOKENIZER = 27,
+    CB_KIND_PARAMS = 28,
 };
 
 /* table indices of the global tensors before the layers; the layers start at CB_FIRST_LAYER */
