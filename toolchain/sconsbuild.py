@@ -20,7 +20,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
 )
 
 from .csources import COMMON_CFLAGS, GCC_DEBUG_CFLAGS, RUNTIME_DIR, prefix_map_flags
-from .scons import compiledb, export, firmware, launcher, linux, safe
+from .scons import compiledb, export, firmware, launcher, linux, partition, safe
 from .scons.layout import (
     OUTPUT_LINE,
     LayoutError,
@@ -35,7 +35,7 @@ from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-TOOLS = (safe, launcher, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
+TOOLS = (safe, launcher, compiledb, export, linux, firmware, partition)  # each adds a builder (env.ColibriExport...)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 
@@ -68,6 +68,14 @@ def _kv(arg: str) -> str:
 
     if arg not in KV_DTYPES:
         _fail(f"KV={arg}: expected one of {', '.join(KV_DTYPES)}")
+    return arg
+
+
+def _partition(arg: str) -> str:
+    from .partition import PARTITION_NAMES
+
+    if arg and arg not in PARTITION_NAMES:
+        _fail(f"PARTITION={arg}: expected {' or '.join(PARTITION_NAMES)}")
     return arg
 
 
@@ -193,6 +201,7 @@ def build_all(arguments: dict) -> None:
     if kernels not in ("simd", "scalar"):
         _fail(f"KERNELS={kernels}: expected simd or scalar")
     ckpt = _checkpoint(arguments)
+    part = _partition(arguments.get("PARTITION", ""))
     opts = _options(arguments)
     targets = _targets(arguments.get("TARGET", "host"))
     build = _build_dir(arguments)
@@ -226,7 +235,11 @@ def build_all(arguments: dict) -> None:
         # build signature ($( $)): the same objects wherever the checkout is, so CACHE=dir serves another one
         env.Append(CCFLAGS=(list(GCC_DEBUG_CFLAGS) if t.cc_argv[0].endswith("gcc") else [])
                    + ["$(", *escape_all(prefix_map_flags(ROOT, build)), "$)"])
-        if t.kind == "firmware":
+        if part and t.kind != "firmware":
+            _fail(f"PARTITION={part}: target {t.name} is not a firmware target")
+        if part:  # the application image and the model partition's (toolchain/partition.py)
+            outputs += env.ColibriPartition(t, name, key, gens[export_key], out)
+        elif t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
         else:
             outputs += env.ColibriLinux(t, key, gens[export_key], out, static_exe=not sanitize)
