@@ -28,10 +28,12 @@ from targets_under_test import firmware as firmware_targets
 
 # adder-sized or smaller: the application's shape, a second model of that shape, one of another shape
 SHAPE = dict(layers=2, hidden=32, ffn=48, heads=4, kv_heads=2, experts=4, top_k=2, vocab=96)
-MODELS = {"part_a": dict(SHAPE, seed=31), "part_a2": dict(SHAPE, seed=32), "part_b": dict(SHAPE, vocab=80, seed=33)}
+MODELS = {"part_a": dict(SHAPE, seed=31), "part_a2": dict(SHAPE, seed=32), "part_b": dict(SHAPE, vocab=80, seed=33),
+          # another shape whose arena is larger than part_a's: refused by a generic application too
+          "part_c": dict(SHAPE, hidden=64, vocab=80, seed=34)}
 TARGETS = [t for t in firmware_targets() if "model" in load_target(t).partitions]
 # FORMAT.md: the CRC covers bytes [12, blob_bytes); a byte in the middle of the weights
-STATUS = {"crc": 5, "bad_magic": 2, "mismatch": 14}
+STATUS = {"crc": 5, "bad_magic": 2, "mismatch": 14, "arena_small": 12}
 
 
 def test_partition_targets():
@@ -55,7 +57,7 @@ def _qemu_address(target: str) -> int:
 
 
 def _model_h(out: Path) -> dict[str, str]:
-    gen = next((out.parent.parent / "gen" / out.name).glob("*-rows-pb32"))
+    gen = next((out.parent.parent / "gen" / out.name.removesuffix("-generic")).glob("*-rows-pb32"))
     return dict(re.findall(r"^#define (COLIBRI_\w+) (.*?)\s*(?:/\*.*)?$", (gen / "model.h").read_text(), re.M))
 
 
@@ -70,6 +72,15 @@ def _tokens(res: subprocess.CompletedProcess) -> list[int]:
     line = res.stdout.splitlines()[0]
     assert line.startswith("tokens: "), res.stdout
     return [int(t) for t in line.removeprefix("tokens: ").split(",") if t]
+
+
+def _reference(ckpt: Path, image: Path, app: Path) -> list[int]:
+    """The numpy reference's greedy tokens of the partition's model (its weights as the blob holds them)
+    on the application's built-in prompt and length."""
+    h = _model_h(app)
+    prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
+    n, max_seq = int(h["COLIBRI_DEFAULT_GENERATE"]), int(h["COLIBRI_MAX_SEQ"])
+    return Reference(open_checkpoint(ckpt).spec, blob_weights(image), max_seq=max_seq).generate(prompt, n)
 
 
 def _refused(res: subprocess.CompletedProcess, status: int) -> None:
@@ -121,16 +132,24 @@ def test_outputs(target, built):
 @pytest.mark.parametrize("target", TARGETS)
 def test_compatible_models_run(target, ckpts, built):
     app, images = built[target]
-    h = _model_h(app)
-    prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
-    n, max_seq = int(h["COLIBRI_DEFAULT_GENERATE"]), int(h["COLIBRI_MAX_SEQ"])
     got = {}
     for name in ("part_a", "part_a2"):
-        spec = open_checkpoint(ckpts[name]).spec
-        want = Reference(spec, blob_weights(images[name]), max_seq=max_seq).generate(prompt, n)
         got[name] = _tokens(_boot(target, app / "part_a-app.elf", images[name]))
-        assert got[name] == want, f"{target} {name}: greedy tokens differ"
+        assert got[name] == _reference(ckpts[name], images[name], app), f"{target} {name}: greedy tokens differ"
     assert got["part_a"] != got["part_a2"], "the two models should not give the same tokens"
+
+
+@pytest.mark.parametrize("target", TARGETS[:1])  # one target: the application's code is the same C
+def test_generic_application_runs_any_model_in_its_arena(target, ckpts, built, build_model):
+    """GENERIC=1: dimensions from the blob; a model of another shape runs, one needing more arena than the
+    application reserved (part_a's) is refused."""
+    _, images = built[target]
+    app = build_model(ckpts["part_a"], "int8c", target, "PARTITION=model", "GENERIC=1")
+    assert app.name == "part_a-generic"
+    elf = app / "part_a-generic-app.elf"
+    for name in ("part_a", "part_b"):
+        assert _tokens(_boot(target, elf, images[name])) == _reference(ckpts[name], images[name], app), name
+    _refused(_boot(target, elf, images["part_c"]), STATUS["arena_small"])
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -199,3 +218,19 @@ def test_app_region_ends_at_the_partition():
     for v, origin in ((app.part, 0x08100000), (app.qemu_variant, _qemu_address("stm32h7"))):
         flash = {r.name: r for r in v.regions}["FLASH"]
         assert flash.origin + flash.length == origin
+
+
+@pytest.mark.parametrize("args, line", [
+    (("TARGET=stm32h7", "PARTITION=app"), "colibri: PARTITION=app: expected model"),
+    (("TARGET=stm32h7", "GENERIC=1"), "colibri: GENERIC=1: only with PARTITION=model (a model linked in is the "
+                                      "build's own)"),
+    (("TARGET=x86_64", "PARTITION=model"), "colibri: PARTITION=model: target x86_64 is not a firmware target"),
+    (("TARGET=cortex-m4", "PARTITION=model"), "colibri: targets/cortex-m4.toml: no [partitions.model] table "
+                                              "(PARTITION=model needs its region, origin and length)"),
+])
+def test_bad_options_one_line(args, line, ckpts, tmp_path):
+    res = subprocess.run([str(BIN / "scons"), "-C", str(ROOT), "-Q", f"BUILD={tmp_path}",
+                          f"MODEL={ckpts['part_a']}", *args], capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("colibri:")] == [line], res.stderr
+    assert "Traceback" not in res.stderr

@@ -79,6 +79,16 @@ def _partition(arg: str) -> str:
     return arg
 
 
+def _generic(arg: str, part: str) -> bool:
+    """GENERIC=1: the application's runtime reads the dimensions from the partition's blob (any model
+    within the arena it reserved), not from model.h; only with PARTITION=model."""
+    if arg not in ("0", "1"):
+        _fail(f"GENERIC={arg}: expected 0 or 1")
+    if arg == "1" and not part:
+        _fail("GENERIC=1: only with PARTITION=model (a model linked in is the build's own)")
+    return arg == "1"
+
+
 def _max_seq(arg: str) -> int | str:
     return "auto" if arg == "auto" else int(arg)
 
@@ -202,6 +212,7 @@ def build_all(arguments: dict) -> None:
         _fail(f"KERNELS={kernels}: expected simd or scalar")
     ckpt = _checkpoint(arguments)
     part = _partition(arguments.get("PARTITION", ""))
+    generic = _generic(arguments.get("GENERIC", "0"), part)
     opts = _options(arguments)
     targets = _targets(arguments.get("TARGET", "host"))
     build = _build_dir(arguments)
@@ -238,7 +249,9 @@ def build_all(arguments: dict) -> None:
         if part and t.kind != "firmware":
             _fail(f"PARTITION={part}: target {t.name} is not a firmware target")
         if part:  # the application image and the model partition's (toolchain/partition.py)
-            outputs += env.ColibriPartition(t, name, key, gens[export_key], out)
+            if generic:
+                out = out.with_name(f"{key}-generic")
+            outputs += env.ColibriPartition(t, name, out.name, gens[export_key], out, generic=generic)
         elif t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
         else:

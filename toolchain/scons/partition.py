@@ -51,8 +51,10 @@ def _images_action(target, source, env):  # SCons action signature
     return 0
 
 
-def partition_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path) -> list:
-    """<key>-app.* and <key>-model.* of one model for one firmware target."""
+def partition_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path, generic: bool = False) -> list:
+    """<key>-app.* and <key>-model.* of one model for one firmware target; generic: the runtime compiled
+    without the model's dimensions (GENERIC=1, in <key>-generic/), which runs any blob whose arena fits
+    the one reserved (the build's model's)."""
     from SCons.Script import Action, Exit, Value  # type: ignore[import-not-found]
 
     try:
@@ -64,6 +66,8 @@ def partition_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path)
         raise
     app_fw = app_firmware(fw, p)
     fenv, runtime_env = _envs(env, t, gen)
+    if generic:
+        runtime_env = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING"])
     objs = Objects(out / "obj")
     model, part_app, qemu_app = _objects(fenv, runtime_env, fw, gen, objs)
     runtime = [o for o in model if o.name not in NOT_LINKED]
