@@ -61,7 +61,7 @@ def _symbols(elf: Path) -> dict[str, int]:
 @pytest.mark.parametrize("arena", ["shared", "separate"])
 def test_both_models_give_their_references_tokens(duo, arena):
     out = duo["outs"][arena]
-    assert out.name == "duo_a+duo_b"
+    assert out.name == {"shared": "duo_a+duo_b", "separate": "duo_a+duo_b-separate"}[arena]
     res = subprocess.run([str(BIN / "colibri"), "run", "--target", TARGET, str(out / f"{out.name}.elf")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -100,7 +100,7 @@ def test_shared_arena_is_the_larger_and_separate_both(duo):
     assert arenas["duo_b"] > arenas["duo_a"]
     shared = _symbols(duo["outs"]["shared"] / "duo_a+duo_b.elf")["colibri_arena"]
     assert shared == max(arenas.values())
-    with (duo["outs"]["separate"] / "duo_a+duo_b.elf").open("rb") as f:
+    with (duo["outs"]["separate"] / "duo_a+duo_b-separate.elf").open("rb") as f:
         arena = ELFFile(f).get_section_by_name(".bss.colibri_arena")
         assert arena is not None and arena.data_size >= sum(arenas.values())
 

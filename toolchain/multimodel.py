@@ -8,7 +8,8 @@ generic one (dimensions from each blob), compiled once. The models run one at a 
 by default they share one arena sized for the larger (ARENA=shared, colibri_arena defined in models_main.c);
 ARENA=separate gives each its own (model.c's static arena).
 
-The image is build/<target>/<a>+<b>/<a>+<b>.elf (.bin, .hex, .map, .size.json as for one model); beside it
+The image is build/<target>/<a>+<b>/<a>+<b>.elf (.bin, .hex, .map, .size.json as for one model; <a>+<b>-separate/
+for ARENA=separate); beside it
 <name>.manifest.json per model, from which `colibri size` attributes each model's weights (toolchain/size/
 models.py).
 """
@@ -27,8 +28,9 @@ class MultiModelError(ValueError):
     """Models that cannot share an image: the message is one line for the user."""
 
 
-def image_name(names: list[str]) -> str:
-    return JOIN.join(names)
+def image_name(names: list[str], arena: str = ARENA_MODES[0]) -> str:
+    """<a>+<b>, and -separate for ARENA=separate (its own images and objects)."""
+    return JOIN.join(names) + ("" if arena == ARENA_MODES[0] else f"-{arena}")
 
 
 def check_names(names: list[str], ckpts: list[str]) -> None:

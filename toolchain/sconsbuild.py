@@ -257,7 +257,7 @@ def _build_multi(arguments: dict, ckpts: list[Path]) -> None:
             if (k, t.weight_layout, t.max_prefill_block) not in gens:
                 gens[(k, t.weight_layout, t.max_prefill_block)] = base.ColibriExport(
                     c, build / "gen" / k / gen_dir(opts["quant"], t.weight_layout, t.max_prefill_block), t_opts)
-        out = build / target_dir(t.name, [], kernels == "scalar") / image_name(keys)
+        out = build / target_dir(t.name, [], kernels == "scalar") / image_name(keys, arena)
         env = _target_env(base, t, [], kernels == "scalar")
         env.Append(CCFLAGS=(list(GCC_DEBUG_CFLAGS) if t.cc_argv[0].endswith("gcc") else [])
                    + ["$(", *escape_all(prefix_map_flags(ROOT, build)), "$)"])

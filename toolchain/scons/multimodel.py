@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import multimodel
 from ..firmware import FW_DIR, firmware_spec
-from ..multimodel import arena_bytes, image_name, render_main
+from ..multimodel import arena_bytes, render_main
 from ..targets import Target, TargetError
 from .compiledb import Objects
 from .files import copy
@@ -63,10 +64,12 @@ def multi_outputs(env, t: Target, names: list[str], gens: list[dict], out: Path,
         manifests += copy(fenv, out / f"{name}.manifest.json", gen["manifest.json"])
     menv = fenv.Clone()
     menv["COLIBRI_MODELS"], menv["COLIBRI_ARENA"] = ",".join(names), arena
-    main_c = menv.Command(file_node(fenv, out / "models_main.c"), manifests + [Value(f"{names} {arena}")],
+    # its sources: the manifests (the arenas), the names and arena mode, and the module that writes it
+    main_c = menv.Command(file_node(fenv, out / "models_main.c"),
+                          manifests + [file_node(fenv, Path(multimodel.__file__)), Value(f"{names} {arena}")],
                           Action(_main_action, "GEN    $TARGET"))
     runtime.append(_compile(fenv, objs, "models_main", main_c[0]))
-    key = image_name(names)
+    key = out.name  # <a>+<b>[-separate] (multimodel.image_name)
     part = _link(fenv, fw, key, fw.part, key, runtime + part_app, [], out)
     outputs = part + manifests + [objs.database(fenv, out / "compile_commands.json")]
     if fw.qemu is not None or qemu_app != part_app:
