@@ -211,6 +211,16 @@ def test_bad_partition_named(partition, problem):
     assert str(e.value).startswith("targets/stm32h7.toml: partitions.model")
 
 
+def test_targets_check_names_a_bad_partition():
+    from colibri.toolchain.target_check import check_target
+
+    t = load_target("stm32h7")
+    bad = t.__class__(**{**t.__dict__, "partitions": {"model": dict(region="DTCM", origin=0x20010000,
+                                                                    length=0x1000)}})
+    assert "targets/stm32h7.toml: partitions.model.region = 'DTCM' is ram, not flash" in check_target(bad)
+    assert not [p for p in check_target(t) if "partitions" in p]
+
+
 def test_app_region_ends_at_the_partition():
     fw = firmware.firmware_spec(load_target("stm32h7"))
     p = partition_spec(fw)

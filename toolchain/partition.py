@@ -73,6 +73,17 @@ def partition_spec(fw: Firmware, name: str = "model") -> Partition:
     return Partition(name, region.name, origin, length, qemu_origin)
 
 
+def partition_problems(fw: Firmware) -> list[str]:
+    """`colibri targets --check`: each of the target's partitions that partition_spec refuses, one line each."""
+    out = []
+    for name in fw.target.partitions:
+        try:
+            partition_spec(fw, name)
+        except TargetError as e:
+            out.append(str(e))
+    return out
+
+
 def app_firmware(fw: Firmware, p: Partition) -> Firmware:
     """The application's view of the target: the partition's region ends where the partition begins, in
     the part's map and in QEMU's (the bytes above the partition, if any, stay unused)."""
