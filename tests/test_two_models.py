@@ -137,6 +137,13 @@ def test_bad_options_one_line(duo, args, line, tmp_path):
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("colibri:")] == [line], res.stderr
 
 
+def test_arena_option_needs_two_models(duo, tmp_path):
+    res = scons(f"MODEL={duo['ckpts']['duo_a']}", f"TARGET={TARGET}", "ARENA=separate", build=tmp_path, check=False)
+    assert res.returncode == 2
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("colibri:")] == [
+        "colibri: ARENA=separate: only with MODEL=a,b (a single model has an arena of its own)"], res.stderr
+
+
 def test_same_c_name_refused(duo, tmp_path):
     other = synth(tmp_path / "x" / "duo_a", **MODELS["duo_a"])
     res = scons(f"MODEL={duo['ckpts']['duo_a']},{other}", f"TARGET={TARGET}", build=tmp_path / "b", check=False)

@@ -277,6 +277,8 @@ def build_all(arguments: dict) -> None:
     if len(ckpts) > 1:  # MODEL=a,b: one firmware image holding them (toolchain/multimodel.py)
         _build_multi(arguments, ckpts)
         return
+    if arguments.get("ARENA"):
+        _fail(f"ARENA={arguments['ARENA']}: only with MODEL=a,b (a single model has an arena of its own)")
     ckpt = _checkpoint(arguments)
     part = _partition(arguments.get("PARTITION", ""))
     generic = _generic(arguments.get("GENERIC", "0"), part)
