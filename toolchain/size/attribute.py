@@ -183,10 +183,10 @@ class Attributor:
         return classify(path, dwarf), display_file(path)
 
     def _symbol(self, sec: Section, sym: Symbol, start: int, lo: int, hi: int) -> None:
-        if sym.name == BLOB_SYMBOL:
-            self._weights(sec, lo - start, hi - start, sym.size)
-        elif blob_model(sym.name) is not None:
+        if blob_model(sym.name) is not None:  # one of several models' blobs (models.py)
             self._weights(sec, lo - start, hi - start, sym.size, self.models.get(blob_model(sym.name)))
+        elif sym.name == BLOB_SYMBOL:
+            self._weights(sec, lo - start, hi - start, sym.size)
         elif sym.name == ARENA_SYMBOL:
             self._emit(sec, "arena", "arena", ARENA_SYMBOL, hi - lo, "arena")
         elif is_stack_section(sec):
