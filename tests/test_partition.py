@@ -14,6 +14,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from colibri.codegen.checkpoint import open_checkpoint
@@ -30,7 +31,10 @@ from targets_under_test import firmware as firmware_targets
 SHAPE = dict(layers=2, hidden=32, ffn=48, heads=4, kv_heads=2, experts=4, top_k=2, vocab=96)
 MODELS = {"part_a": dict(SHAPE, seed=31), "part_a2": dict(SHAPE, seed=32), "part_b": dict(SHAPE, vocab=80, seed=33),
           # another shape whose arena is larger than part_a's: refused by a generic application too
-          "part_c": dict(SHAPE, hidden=64, vocab=80, seed=34)}
+          "part_c": dict(SHAPE, hidden=64, vocab=80, seed=34),
+          # part_b's shape, every lm_head row a negative multiple of one vector: at the steps where all the logits
+          # are negative, an argmax over more than the model's vocabulary would pick an unwritten entry
+          "part_d": dict(SHAPE, vocab=80, seed=35)}
 TARGETS = [t for t in firmware_targets() if "model" in load_target(t).partitions]
 # FORMAT.md: the CRC covers bytes [12, blob_bytes); a byte in the middle of the weights
 STATUS = {"crc": 5, "bad_magic": 2, "mismatch": 14, "arena_small": 12}
@@ -43,7 +47,15 @@ def test_partition_targets():
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("partition")
-    return {name: synth(base / name, **kw) for name, kw in MODELS.items()}
+    out = {name: synth(base / name, **kw) for name, kw in MODELS.items()}
+    from safetensors.numpy import load_file, save_file
+
+    f = out["part_d"] / "model.safetensors"
+    w = load_file(f)
+    u = w["lm_head.weight"][0]
+    w["lm_head.weight"] = -np.outer(1.0 + np.arange(80) / 80.0, u).astype(np.float32)
+    save_file(w, f)
+    return out
 
 
 def _qemu_address(target: str) -> int:
@@ -147,8 +159,11 @@ def test_generic_application_runs_any_model_in_its_arena(target, ckpts, built, b
     app = build_model(ckpts["part_a"], "int8c", target, "PARTITION=model", "GENERIC=1")
     assert app.name == "part_a-generic"
     elf = app / "part_a-generic-app.elf"
-    for name in ("part_a", "part_b"):
-        assert _tokens(_boot(target, elf, images[name])) == _reference(ckpts[name], images[name], app), name
+    for name in ("part_a", "part_b", "part_d"):
+        want = _reference(ckpts[name], images[name], app)
+        assert _tokens(_boot(target, elf, images[name])) == want, name
+        if name == "part_d":  # the step the application must take over the blob's vocabulary, not model.h's
+            assert 0 in want, want
     _refused(_boot(target, elf, images["part_c"]), STATUS["arena_small"])
 
 
