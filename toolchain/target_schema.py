@@ -55,6 +55,15 @@ def _region_keys(kind_required: bool) -> tuple[Key, ...]:
     )
 
 
+PARTITION_KEYS = (
+    Key("region", "string", "the flash region (of `memory`) holding the partition; the application keeps the "
+        "region's bytes below it", required=("*",)),
+    Key("origin", "size", "the partition's start address in the part's map, 64-byte aligned (the QEMU image's: "
+        "the same offset in the QEMU map's region of that name)", required=("*",)),
+    Key("length", "size", "the partition's bytes: a blob larger than this is refused at build time",
+        required=("*",)),
+)
+
 _PLACE_DOC = {"vectors": "the vector table", "text": "code", "model": "the weights (.rodata.model)",
               "rodata": "constants", "stack": "the stack", "data": ".data (and .tdata)",
               "bss": ".bss (and .tbss): with data", "arena": "the model arena (.bss.colibri_arena)"}
@@ -111,6 +120,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("budget", "table", "flash and RAM the image may take (bytes or size strings)", "toolchain/size/audit.py",
         required=("firmware",), default={},
         keys=(Key("flash", "size", "flash bytes", required=("*",)), Key("ram", "size", "RAM bytes", required=("*",)))),
+    Key("partitions", "table", "flash partitions written on their own (`scons PARTITION=model`: the weights in "
+        "the `model` partition, the application image without them)", "toolchain/partition.py", default={},
+        keys=(Key("model", "table", "the model partition: the blob, linked at its origin, that the application "
+                  "validates at boot", keys=PARTITION_KEYS),)),
 )
 
 BY_NAME = {k.name: k for k in SCHEMA}
@@ -259,6 +272,10 @@ def render_markdown() -> str:
                   "|---|---|---|---|"]
         for sub in key.keys:
             lines.append(f"| `{sub.name}` | {sub.type} | {'yes' if sub.required else 'no'} | {_doc(sub)} |")
+        for sub in (s for s in key.keys if s.keys):  # a table of tables ([partitions.model])
+            lines += ["", f"## `{key.name}.{sub.name}`", "", "Keys of the table:", "",
+                      "| key | type | required | meaning |", "|---|---|---|---|"]
+            lines += [f"| `{k.name}` | {k.type} | {'yes' if k.required else 'no'} | {_doc(k)} |" for k in sub.keys]
     return "\n".join(lines) + "\n"
 
 

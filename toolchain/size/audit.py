@@ -10,6 +10,7 @@ from . import SCHEMA
 from .abi import artifact_kind, audit_abi
 from .attribute import CATEGORIES, Item, attribute, merge
 from .elf import Artifact, ElfImage, load
+from .models import model_manifests, models_summary
 from .regions import (
     MemoryRegion,
     memory_map,
@@ -133,9 +134,10 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     art = load(path)
     manifest = load_manifest(opts.manifest or path.parent / "manifest.json")
     memory = _memory(target)
+    models = model_manifests(path.parent)  # several models in one image (models.py); usually none
     items: list[Item] = []
     for img in art.images:
-        items += attribute(img, manifest, memory or None)
+        items += attribute(img, manifest, memory or None, models)
     items = merge(items)
     warnings: list[str] = []
     main = art.images[0] if art.images else None
@@ -176,6 +178,7 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
         "files": files,
         "symbols": symbols,
         "weights": weights_summary(manifest, blob) if has_blob else None,
+        "models": models_summary(art.images, models),
         "abi": audit_abi(art, firmware),
         "stack": stack,
         "budget": _budget(regions, budget),

@@ -82,8 +82,12 @@ def _weights(r: dict) -> list[str]:
     w = r.get("weights")
     if not w:
         return []
-    src = f"manifest {w['manifest']}" if w["manifest"] else "no manifest.json: the blob is one block"
+    models = r.get("models") or {}
+    src = (f"manifest {w['manifest']}" if w["manifest"] else f"{len(models)} models" if models
+           else "no manifest.json: the blob is one block")
     lines = [f"weights: {w['blob_bytes']:,} bytes ({src})"]
+    if models:
+        lines.append("  per model: " + " · ".join(f"{n} {m['weights_bytes']:,}" for n, m in models.items()))
     if w["by_layer"] and w["manifest"]:
         lines.append("  per layer: " + " · ".join(f"{k} {v:,}" for k, v in w["by_layer"].items()))
     experts: dict[str, int] = {}
