@@ -210,7 +210,7 @@ def test_over_budget_model_fails_naming_region_and_overflow(tmp_path):
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "overflow" in ln]
     assert len(lines) == 1, lines  # one line, not the linker's own
     m = re.fullmatch(r"colibri: stm32h7: model too_big does not fit: FLASH overflowed by (\d+) bytes "
-                     r"\(region 2097152 bytes, flash budget 2097152\)", lines[0])
+                     r"\(region 2097152 bytes, flash budget 2097152\): model \(\.rodata\.model\)", lines[0])
     assert m, lines[0]
     out = output_dirs(res)["stm32h7"]  # build/stm32h7/too_big-f32: not the default options
     assert out.parent == build / "stm32h7"
@@ -229,7 +229,7 @@ def test_arena_over_its_sram_fails_naming_region(small_ckpt, tmp_path):
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "overflow" in ln]
     assert len(lines) == 1, lines
     m = re.fullmatch(r"colibri: stm32h7: model fw_small does not fit: AXI_SRAM overflowed by (\d+) bytes "
-                     r"\(region 524288 bytes, ram budget 1048576\)", lines[0])
+                     r"\(region 524288 bytes, ram budget 1048576\): kv_cache \(\.bss\.colibri_kv\)", lines[0])
     assert m, lines[0]
     out = output_dirs(res)["stm32h7"]
     h = (_gen(out, "int8c") / "model.h").read_text()

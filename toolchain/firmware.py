@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .size.audit import Options, audit, over_budget, region_overflow
 from .size.command import report_line
-from .size.regions import KIND_ROLE, MemoryRegion
+from .size.regions import KIND_ROLE, MemoryRegion, section_class
 from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
@@ -274,6 +274,7 @@ def _link_action(target, source, env):  # SCons action signature
 
 
 _OVERFLOW = re.compile(r"region [`']([^']+)' overflowed by (\d+) bytes")
+_NOT_FIT = re.compile(r"section [`']([^']+)' will not fit in region [`']([^']+)'")
 
 
 def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
@@ -324,8 +325,12 @@ def _link_failure(stderr: str, cfg: dict) -> str:
     if overflows:
         regions = {r["name"]: r for r in cfg["regions"]}
         limits = {"flash": cfg["flash_budget"], "ram": cfg["ram_budget"]}
+        classes: dict[str, dict[str, str]] = {}  # region -> the classes of data that did not fit, by section
+        for sec, region in _NOT_FIT.findall(stderr):
+            classes.setdefault(region, {}).setdefault(section_class(sec), sec)
         return "does not fit: " + "; ".join(
-            region_overflow(name, n, regions[name]["length"], regions[name]["kind"], limits) if name in regions
+            region_overflow(name, n, regions[name]["length"], KIND_ROLE[regions[name]["kind"]], limits,
+                            classes.get(name)) if name in regions
             else f"{name} overflowed by {n} bytes" for name, n in overflows.items())
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln] or lines

@@ -21,6 +21,13 @@ RAM_PARTS = ("data", "bss", "arena", "stack")
 # Region kinds (targets/SCHEMA.md): internal flash, memory-mapped external flash (read-only, code and
 # weights executed/read in place), internal RAM and external RAM (SDRAM/PSRAM: the model's buffers).
 KIND_ROLE = {"flash": "flash", "xip-flash": "flash", "ram": "ram", "ext-ram": "ram"}
+# The class of data of an output section (targets/SCHEMA.md placement): the model's own sections by name,
+# the rest by prefix. A region's row in the audit lists the classes it holds.
+SECTION_CLASS = {".rodata.model": "model", ".bss.colibri_kv": "kv_cache", ".bss.colibri_arena": "activations",
+                 ".bss.colibri_scratch": "scratch"}
+_PREFIX_CLASS = ((".vectors", "code"), (".text", "code"), (".ARM", "code"), (".glue", "code"),
+                 (".rodata", "rodata"), (".srodata", "rodata"), (".data", "data"), (".tdata", "data"),
+                 (".sdata", "data"), (".bss", "bss"), (".tbss", "bss"), (".sbss", "bss"))
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 
@@ -104,6 +111,17 @@ def section_role(sec: Section, regions: list[MemoryRegion] | None = None) -> tup
     return True, sec.write
 
 
+def section_class(name: str) -> str:
+    """The class of data an output section holds: model, kv_cache, activations, scratch, code, rodata,
+    data, bss, stack, or other."""
+    if name in SECTION_CLASS:
+        return SECTION_CLASS[name]
+    if name in STACK_SECTIONS:
+        return "stack"
+    return next((c for p, c in _PREFIX_CLASS if name == p or name.startswith(p + ".") or name.startswith(p + "_")),
+                "other")
+
+
 def is_stack_section(sec: Section) -> bool:
     return sec.name in STACK_SECTIONS
 
@@ -122,6 +140,12 @@ def stack_reservation(img: ElfImage) -> int:
 def region_usage(img: ElfImage, regions: list[MemoryRegion], reserved_stack: int) -> tuple[list[dict], list[str]]:
     """used / size / percent for every region of the map, and warnings for sections outside it."""
     used = {r.name: 0 for r in regions}
+    classes: dict[str, dict[str, int]] = {r.name: {} for r in regions}
+
+    def count(region: MemoryRegion, cls: str, n: int) -> None:
+        used[region.name] += n
+        classes[region.name][cls] = classes[region.name].get(cls, 0) + n
+
     warnings = []
     for sec in img.allocated():
         if sec.tls and sec.nobits:
@@ -131,15 +155,16 @@ def region_usage(img: ElfImage, regions: list[MemoryRegion], reserved_stack: int
             warnings.append(f"section {sec.name} at {sec.addr:#x} is outside the memory map")
             continue
         if vma is not None:
-            used[vma.name] += sec.size
+            count(vma, section_class(sec.name), sec.size)
         if lma is not None and lma is not vma and not sec.nobits:
-            used[lma.name] += sec.size
+            count(lma, section_class(sec.name), sec.size)  # a load image: its class still (data)
     if reserved_stack:
         ram = next((r for r in regions if r.kind == "ram"), None)  # the stack is in internal RAM
         if ram is not None:
-            used[ram.name] += reserved_stack
+            count(ram, "stack", reserved_stack)
     rows = [{"name": r.name, "kind": r.role, "region_kind": r.kind, "origin": r.origin, "size": r.length,
-             "used": used[r.name], "percent": round(100.0 * used[r.name] / r.length, 2) if r.length else None}
+             "used": used[r.name], "percent": round(100.0 * used[r.name] / r.length, 2) if r.length else None,
+             "classes": {c: n for c, n in sorted(classes[r.name].items(), key=lambda kv: -kv[1]) if n}}
             for r in regions]
     return rows, warnings
 
