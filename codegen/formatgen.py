@@ -147,9 +147,11 @@ def c_header() -> str:
     add(f"#define CB_N_BUFFERS {len(fmt.BUFFERS)}")
     add(f"#define CB_N_BASE_BUFFERS {fmt.N_BASE_BUFFERS} /* without a shared expert or dense layers */")
     add("#define CB_BUFFER_LIFETIMES { " + ", ".join(f"{{{b.first}, {b.last}}}" for b in fmt.BUFFERS) + " }")
-    add("/* each buffer's class of data (colibri_class in colibri.h); xq's is CB_XQ_CLASS */")
-    add("#define CB_BUFFER_CLASSES { " + ", ".join(f"COLIBRI_CLASS_{b.cls.upper()}" for b in fmt.BUFFERS) + " }")
+    add("/* each buffer's class of data (colibri_class in colibri.h); xq's is CB_XQ_CLASS, last in _XQ */")
+    classes = [f"COLIBRI_CLASS_{b.cls.upper()}" for b in fmt.BUFFERS]
+    add("#define CB_BUFFER_CLASSES { " + ", ".join(classes) + " }")
     add(f"#define CB_XQ_CLASS COLIBRI_CLASS_{fmt.XQ_BUFFER.cls.upper()}")
+    add("#define CB_BUFFER_CLASSES_XQ { " + ", ".join(classes) + ", CB_XQ_CLASS }")
     add("")
     add("#endif /* CB_FORMAT_H */")
     return "\n".join(w) + "\n"

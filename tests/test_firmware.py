@@ -194,8 +194,10 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     assert 0 < runtime_text <= objects_text
     # 12,445 B with the blob schema's bound checks and the per-check CB_BAD sites; the int4 dispatch and
     # the f16/int8 KV cache paths took the runtime alone to 12,856 B, linked even into an int8c/f32-KV image
-    # (to win back: a specialised build could drop them). Past 14 KiB it has grown by more than that.
-    assert code < 14 * 1024, "runtime + startup over 14 KiB at -Os"
+    # (to win back: a specialised build could drop them). The arena across memories (colibri_init_regions, its
+    # class ranges and checks, which model.c calls in place of colibri_init) adds about 500 B. Past 14.5 KiB it
+    # has grown by more than that.
+    assert code < 14.5 * 1024, "runtime + startup over 14.5 KiB at -Os"
     assert flash["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
     assert audit["budget"]["flash"]["ok"] and audit["budget"]["ram"]["ok"]
     assert audit["budget"]["flash"]["limit"] == 2097152 and audit["budget"]["ram"]["limit"] == 1048576
