@@ -464,18 +464,26 @@ class Buffer:
     elements: str  # f32 elements, for the documentation (codegen/plan.py computes them)
     doc: str
     extra: bool = False  # only with SHARED_EXPERT or DENSE_LAYERS
+    cls: str = "activations"  # its class of data (CLASSES): the memory region it may be placed in
 
+
+# Classes of arena data, in the order of the runtime's colibri_class (colibri.h): the KV cache, the
+# activations of a block of tokens (with the context at offset 0), and the scratch of one step (attention
+# scores, int8 activations). Each class is one contiguous range of the arena, in ARENA_ORDER, so that
+# colibri_init_regions can put each in a memory of its own.
+CLASSES = ("kv_cache", "activations", "scratch")
+ARENA_ORDER = ("activations", "kv_cache", "scratch")
 
 BUFFERS: tuple[Buffer, ...] = (
     Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements)",
-           "key cache, in the KV cache precision (see \"KV cache\")"),
-    Buffer("value_cache", 0, 11, "same", "value cache"),
+           "key cache, in the KV cache precision (see \"KV cache\")", cls="kv_cache"),
+    Buffer("value_cache", 0, 11, "same", "value cache", cls="kv_cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
     Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
     Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
            "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
     Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
-    Buffer("scores", 3, 3, "max_seq", "scores"),
+    Buffer("scores", 3, 3, "max_seq", "scores", cls="scratch"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
     Buffer("up", 8, 8, "B·ffn", "up"),
@@ -486,7 +494,7 @@ BUFFERS: tuple[Buffer, ...] = (
 N_BASE_BUFFERS = sum(not b.extra for b in BUFFERS)
 # The int8 activations of the integer matmuls: live through every step; its offset has its own header
 # field (xq_offset), so it is not one of the table's buffers.
-XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)")
+XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)", cls="scratch")
 
 
 def blob_minor(flags: int, int8_acts: bool, int4: bool = False) -> int:

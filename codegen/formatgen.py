@@ -164,6 +164,11 @@ def c_header() -> str:
     add(f"#define CB_N_BUFFERS {len(fmt.BUFFERS)}")
     add(f"#define CB_N_BASE_BUFFERS {fmt.N_BASE_BUFFERS} /* without a shared expert or dense layers */")
     add("#define CB_BUFFER_LIFETIMES { " + ", ".join(f"{{{b.first}, {b.last}}}" for b in fmt.BUFFERS) + " }")
+    add("/* each buffer's class of data (colibri_class in colibri.h); xq's is CB_XQ_CLASS, last in _XQ */")
+    classes = [f"COLIBRI_CLASS_{b.cls.upper()}" for b in fmt.BUFFERS]
+    add("#define CB_BUFFER_CLASSES { " + ", ".join(classes) + " }")
+    add(f"#define CB_XQ_CLASS COLIBRI_CLASS_{fmt.XQ_BUFFER.cls.upper()}")
+    add("#define CB_BUFFER_CLASSES_XQ { " + ", ".join(classes) + ", CB_XQ_CLASS }")
     add("")
     add("#endif /* CB_FORMAT_H */")
     return "\n".join(w) + "\n"
@@ -200,8 +205,9 @@ def doc_tables() -> dict[str, str]:
                          [(p.code, p.name, p.type, "one per layer (index = layer)" if p.per_layer else
                            "one (index 0)", p.flag + (" (required)" if p.required else ""), _since(p.since), p.doc)
                           for p in fmt.PARAMS]),
-        "buffers": _table(("i", "buffer", "f32 elements", "live steps"),
-                          [(i, b.doc, b.elements, f"{b.first}–{b.last}") for i, b in enumerate(fmt.BUFFERS)]),
+        "buffers": _table(("i", "buffer", "f32 elements", "live steps", "class"),
+                          [(i, b.doc, b.elements, f"{b.first}–{b.last}", b.cls) for i, b in enumerate(fmt.BUFFERS)]
+                          + [("xq_offset", fmt.XQ_BUFFER.doc, fmt.XQ_BUFFER.elements, "0–11", fmt.XQ_BUFFER.cls)]),
     }
 
 

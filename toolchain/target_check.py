@@ -25,7 +25,7 @@ def map_problems(fw: Firmware) -> list[str]:
     """What is wrong with a firmware target's memory maps, one line each (empty: nothing)."""
     out = _overlaps(fw.part) + (_overlaps(fw.qemu) if fw.qemu else [])
     for kind, budget in (("flash", fw.flash_budget), ("ram", fw.ram_budget)):
-        total = sum(r.length for r in fw.part.regions if r.kind == kind)
+        total = sum(r.length for r in fw.part.regions if r.role == kind)
         if budget > total:
             out.append(f"budget.{kind} = {budget} is more than the part's {kind} regions hold ({total} bytes)")
     if fw.qemu:

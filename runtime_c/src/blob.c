@@ -482,6 +482,25 @@ colibri_status colibri_arena_bytes(const void *blob, size_t blob_len, size_t *ou
     return COLIBRI_OK;
 }
 
+/* The context at the start of act, each buffer at base[its class] + its offset less its class's first
+ * offset (first[]: 0 for the whole arena). Only called once every check has passed. */
+static colibri_ctx *cb_build_ctx(const uint8_t *b, size_t blob_len, const cb_model *m,
+                                 uint8_t *const base[COLIBRI_N_CLASSES], const size_t first[COLIBRI_N_CLASSES])
+{
+    static const uint8_t cls[CB_N_BUFFERS] = CB_BUFFER_CLASSES;
+    colibri_ctx *c = (colibri_ctx *)(void *)base[COLIBRI_CLASS_ACTIVATIONS];
+    memset(c, 0, sizeof *c);
+    c->blob = b;
+    c->blob_bytes = blob_len;
+    c->m = *m;
+    for (uint32_t i = 0; i < m->n_buffers; i++)
+        c->buf[i] = (float *)(void *)(base[cls[i]] + ((size_t)cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) - first[cls[i]]));
+    c->xq = m->xq_off ? (int8_t *)(base[CB_XQ_CLASS] + ((size_t)m->xq_off - first[CB_XQ_CLASS])) : NULL;
+    c->self = c;
+    c->magic = CB_CTX_MAGIC;
+    return c;
+}
+
 colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len, const void *blob, size_t blob_len)
 {
     cb_model m;
@@ -497,18 +516,94 @@ colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len
         return COLIBRI_E_ARENA_ALIGN;
     if (arena_len < arena_bytes)
         return COLIBRI_E_ARENA_SMALL;
+    /* the arena is untouched until here: a live context in it survives errors */
+    uint8_t *base[COLIBRI_N_CLASSES] = {(uint8_t *)arena, (uint8_t *)arena, (uint8_t *)arena};
+    static const size_t whole[COLIBRI_N_CLASSES] = {0, 0, 0};
+    *out_ctx = cb_build_ctx(b, blob_len, &m, base, whole);
+    return COLIBRI_OK;
+}
 
-    colibri_ctx *c = (colibri_ctx *)arena; /* the arena is untouched until here: a live context in it survives errors */
-    memset(c, 0, sizeof *c);
-    c->blob = b;
-    c->blob_bytes = blob_len;
-    c->arena_bytes = arena_bytes;
-    c->m = m;
-    for (uint32_t i = 0; i < m.n_buffers; i++)
-        c->buf[i] = (float *)(void *)((uint8_t *)arena + cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i));
-    c->self = c;
-    c->magic = CB_CTX_MAGIC;
-    *out_ctx = c;
+/* Each class's range of the (validated) plan: first[c] its lowest offset (the activations': 0, the
+ * context's), need[c] its extent rounded up to CB_ALIGN. COLIBRI_E_BAD_PLAN when two ranges overlap.
+ * In size_t: the plan check bounded every buffer by arena_bytes, and the header check arena_bytes by
+ * SIZE_MAX. */
+static colibri_status cb_class_ranges(const uint8_t *b, const cb_model *m, size_t first[COLIBRI_N_CLASSES],
+                                      size_t need[COLIBRI_N_CLASSES])
+{
+    static const uint8_t cls[CB_N_BUFFERS + 1] = CB_BUFFER_CLASSES_XQ;
+    uint64_t bytes[CB_N_BUFFERS + 1];
+    size_t end[COLIBRI_N_CLASSES] = {0, CB_CTX_BYTES, 0};
+    cb_buffer_bytes(m, bytes);
+    first[COLIBRI_CLASS_KV_CACHE] = first[COLIBRI_CLASS_SCRATCH] = SIZE_MAX;
+    first[COLIBRI_CLASS_ACTIVATIONS] = 0;
+    uint32_t n = m->n_buffers;
+    bytes[n] = cb_mul(m->block, cb_xq_row_bytes(m)); /* xq, when there is one, after the table's buffers */
+    for (uint32_t i = 0; i < n + (m->xq_off != 0); i++) {
+        size_t off = (size_t)(i < n ? cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) : m->xq_off), e = off + (size_t)bytes[i];
+        int c = cls[i < n ? i : CB_N_BUFFERS];
+        first[c] = off < first[c] ? off : first[c];
+        end[c] = e > end[c] ? e : end[c];
+    }
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        if (first[c] == SIZE_MAX || end[c] > SIZE_MAX - CB_ALIGN) /* (every class has a buffer: the caches, x,
+                                                                 * scores; an arena near SIZE_MAX has no room) */
+            return COLIBRI_E_BAD_PLAN;
+        need[c] = ((end[c] + (CB_ALIGN - 1)) & ~(size_t)(CB_ALIGN - 1)) - first[c];
+        for (int d = 0; d < c; d++)
+            if (first[c] < end[d] && first[d] < end[c])
+                return COLIBRI_E_BAD_PLAN; /* two classes interleave: the plan keeps no class apart */
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_region_bytes(const void *blob, size_t blob_len, size_t *out, size_t n_out)
+{
+    cb_model m;
+    size_t first[COLIBRI_N_CLASSES], need[COLIBRI_N_CLASSES];
+    if (!blob || !out)
+        return COLIBRI_E_NULL;
+    if (n_out != COLIBRI_N_CLASSES)
+        return COLIBRI_E_ARG;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    CB_TRY(cb_class_ranges((const uint8_t *)blob, &m, first, need));
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        out[c] = need[c];
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_init_regions(colibri_ctx **out_ctx, const colibri_region *regions, size_t n_regions,
+                                    const void *blob, size_t blob_len)
+{
+    cb_model m;
+    size_t first[COLIBRI_N_CLASSES], need[COLIBRI_N_CLASSES];
+    uint8_t *base[COLIBRI_N_CLASSES];
+    if (!out_ctx)
+        return COLIBRI_E_NULL;
+    *out_ctx = NULL;
+    if (!regions || !blob)
+        return COLIBRI_E_NULL;
+    if (n_regions != COLIBRI_N_CLASSES)
+        return COLIBRI_E_ARG;
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        if (!regions[c].ptr)
+            return COLIBRI_E_NULL;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    const uint8_t *b = (const uint8_t *)blob;
+    CB_TRY(cb_class_ranges(b, &m, first, need));
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        if ((uintptr_t)regions[c].ptr % COLIBRI_ARENA_ALIGN != 0)
+            return COLIBRI_E_ARENA_ALIGN;
+        if (regions[c].len < need[c])
+            return COLIBRI_E_ARENA_SMALL;
+        base[c] = (uint8_t *)regions[c].ptr;
+    }
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        for (int d = c + 1; d < COLIBRI_N_CLASSES; d++) {
+            uintptr_t pc = (uintptr_t)base[c], pd = (uintptr_t)base[d];
+            if (pc < pd + need[d] && pd < pc + need[c])
+                return COLIBRI_E_ARG; /* two regions overlap */
+        }
+    *out_ctx = cb_build_ctx(b, blob_len, &m, base, first);
     return COLIBRI_OK;
 }
 
@@ -533,7 +628,7 @@ const char *colibri_strerror(colibri_status status)
     case COLIBRI_E_NOT_INIT: return "context not initialised by colibri_init";
     case COLIBRI_E_TOKEN: return "token id outside the vocabulary";
     case COLIBRI_E_SEQ_FULL: return "sequence would exceed max_seq positions";
-    case COLIBRI_E_ARG: return "bad argument (no tokens, or logits buffer shorter than vocab)";
+    case COLIBRI_E_ARG: return "bad argument (no tokens, logits buffer shorter than vocab, or regions overlapping)";
     case COLIBRI_E_DTYPE: return "a tensor's weight format is not implemented by this build";
     }
     return "unknown colibri status";

@@ -61,9 +61,10 @@ struct colibri_ctx {
     uint32_t n_past;
     const colibri_ctx *self; /* a copied arena is no context: its pointers lead to the original */
     const uint8_t *blob;
-    uint64_t blob_bytes, arena_bytes;
+    uint64_t blob_bytes; /* (arena_bytes: the blob header's) */
     cb_model m;
     float *buf[CB_N_BUFFERS];
+    int8_t *xq; /* the int8 activations (m.xq_off); NULL: float activations */
     colibri_parallel_for_fn parallel_for; /* NULL: everything on the calling thread */
     void *parallel_user;
     size_t parallel_tasks;

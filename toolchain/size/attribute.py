@@ -20,6 +20,8 @@ from .weights import BLOB_SECTION, BLOB_SYMBOL, TOKENIZER_KIND, Manifest, blob_p
 
 ARENA_SYMBOL = "colibri_arena"
 ARENA_SECTION = ".bss.colibri_arena"
+# the arena by class of data (model.c): symbol -> section; the context and activations are colibri_arena's
+ARENA_PARTS = {ARENA_SYMBOL: ARENA_SECTION, "colibri_kv": ".bss.colibri_kv", "colibri_scratch": ".bss.colibri_scratch"}
 
 CATEGORIES = {
     "weights": "model weights",
@@ -187,8 +189,8 @@ class Attributor:
             self._weights(sec, lo - start, hi - start, sym.size, self.models.get(blob_model(sym.name)))
         elif sym.name == BLOB_SYMBOL:
             self._weights(sec, lo - start, hi - start, sym.size)
-        elif sym.name == ARENA_SYMBOL:
-            self._emit(sec, "arena", "arena", ARENA_SYMBOL, hi - lo, "arena")
+        elif sym.name in ARENA_PARTS:
+            self._emit(sec, "arena", "arena", sym.name, hi - lo, "arena")
         elif is_stack_section(sec):
             self._emit(sec, "stack", "[linker script]", sym.name, hi - lo, "stack")
         else:
@@ -208,8 +210,9 @@ class Attributor:
     def _gap(self, sec: Section, lo: int, hi: int) -> None:
         if sec.name == BLOB_SECTION or sec.name.startswith(BLOB_SECTION + "."):
             self._weights(sec, lo, hi, sec.size)
-        elif sec.name == ARENA_SECTION:
-            self._emit(sec, "arena", "arena", ARENA_SYMBOL, hi - lo, "arena")
+        elif sec.name in ARENA_PARTS.values():
+            sym = next(k for k, v in ARENA_PARTS.items() if v == sec.name)
+            self._emit(sec, "arena", "arena", sym, hi - lo, "arena")
         elif is_stack_section(sec):
             self._emit(sec, "stack", "[linker script]", f"[{sec.name}]", hi - lo, "stack")
         elif self.member_unit is not None:

@@ -186,11 +186,14 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     }
 
 
-def region_overflow(name: str, over: int, size: int, kind: str, limits: dict[str, int]) -> str:
-    """A memory region's overflow in GNU ld's words, with its size and the budget of its kind:
-    'AXI_SRAM overflowed by 1024 bytes (region 524288 bytes, ram budget 1048576)'."""
+def region_overflow(name: str, over: int, size: int, kind: str, limits: dict[str, int],
+                    classes: dict[str, str] | None = None) -> str:
+    """A memory region's overflow in GNU ld's words, with its size and the budget of its kind, and the
+    classes of data that did not fit (class -> its section, or its bytes in the region):
+    'AXI_SRAM overflowed by 1024 bytes (region 524288 bytes, ram budget 1048576): kv_cache (.bss.colibri_kv)'."""
     budget = f", {kind} budget {limits[kind]}" if kind in limits else ""
-    return f"{name} overflowed by {over} bytes (region {size} bytes{budget})"
+    what = ", ".join(f"{c} ({sec})" for c, sec in (classes or {}).items())
+    return f"{name} overflowed by {over} bytes (region {size} bytes{budget})" + (f": {what}" if what else "")
 
 
 def overruns(regions: dict, memory: list[dict], limits: dict[str, int]) -> list[str]:
@@ -198,7 +201,8 @@ def overruns(regions: dict, memory: list[dict], limits: dict[str, int]) -> list[
     post-link check (check_budget), the firmware link step and `colibri size`'s exit status."""
     out = [f"{key} overflowed by {used - limit} bytes (budget {limit})"
            for key, limit in limits.items() if (used := regions[key]["bytes"]) > limit]
-    return out + [region_overflow(m["name"], m["used"] - m["size"], m["size"], m["kind"], limits)
+    return out + [region_overflow(m["name"], m["used"] - m["size"], m["size"], m["kind"], limits,
+                                  {c: f"{n:,} bytes" for c, n in (m.get("classes") or {}).items()})
                   for m in memory if m["used"] > m["size"]]
 
 

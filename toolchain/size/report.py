@@ -52,8 +52,9 @@ def _regions(r: dict) -> list[str]:
              f"RAM   {ram['bytes']:>13,} B {human(ram['bytes']):>11}   {_parts(ram['parts'], RAM_PARTS)}"]
     for m in r.get("memory") or []:
         frac = m["used"] / m["size"] if m["size"] else 0.0
+        held = ", ".join(f"{c} {n:,}" for c, n in (m.get("classes") or {}).items())
         lines.append(f"{m['name']:<8} {bar(frac)} {100 * frac:6.1f}% (used {m['used']:,} bytes from "
-                     f"{m['size']:,} bytes)")
+                     f"{m['size']:,} bytes)" + (f" {m.get('region_kind', m['kind'])}: {held}" if held else ""))
     for key, b in (r.get("budget") or {}).items():
         state = "ok" if b["ok"] else "OVER BUDGET"
         lines.append(f"budget {key}: {b['used']:,} of {b['limit']:,} bytes ({b['percent']}%) {state}")
