@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import ExportError
 from .importers import Importer, View, find_importer
+from .rope import weight_scale
 from .safeio import read_json
 from .safetensors_reader import FLOAT_DTYPES, SafetensorsFile, TensorInfo
 from .spec import ModelSpec, canonical_shape
@@ -117,11 +118,13 @@ class Checkpoint:
         f, info = self._sources[name]
         arr = f.read(info.name)
         view = self._views.get(name)
+        scale = weight_scale(self.spec, name)  # YaRN's attention factor on q and k (codegen/rope.py)
         if view is not None:
             arr = np.ascontiguousarray(arr[view.index]) if view.index else arr
-            if view.scale != 1.0:
-                with np.errstate(over="ignore"):
-                    arr = (arr * np.float32(view.scale)).astype(np.float32)
+            scale *= view.scale
+        if scale != 1.0:
+            with np.errstate(over="ignore"):
+                arr = (arr * np.float32(scale)).astype(np.float32)
         bad = ~np.isfinite(arr)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])

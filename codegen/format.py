@@ -184,6 +184,9 @@ FLAGS: tuple[Flag, ...] = (
     # The parameters section (FORMAT.md "Parameters"): scalar model parameters the 256-byte header has no
     # room for. Each flag of a feature with parameters (Param.flag) needs PARAMS and its required keys.
     Flag("PARAMS", 10, "the table has a PARAMS entry (before TOKENIZER): the model's parameters section"),
+    Flag("SLIDING_WINDOW", 11, "sliding-window attention: a layer with a nonzero SLIDING_WINDOW parameter W "
+                               "attends at position p to the keys of positions > p − W only; its KV cache is a "
+                               "ring of kv_layer_rows positions (see \"KV cache\")"),
     Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
@@ -198,6 +201,13 @@ KV_DTYPES = ("f32", "f16", "int8")
 KV_FLAG = {"f32": 0, "f16": FLAG["KV_F16"], "int8": FLAG["KV_INT8"]}
 KV_FLAGS = FLAG["KV_F16"] | FLAG["KV_INT8"]
 KV_SCALE_BYTES = 4  # the f32 scale of one head's int8 row
+
+
+def kv_layer_rows(window: int, max_seq: int, block: int) -> int:
+    """Positions one layer's KV cache holds: max_seq, or for a layer of window W (nonzero) whose
+    W + block − 1 is less, that ring of W + block − 1 rows (position p in row p mod rows: a prefill block
+    writes its block rows before its first query has read the W it sees)."""
+    return window + block - 1 if window and window + block - 1 < max_seq else max_seq
 
 
 def kv_dtype_of(flags: int) -> str:
@@ -233,7 +243,10 @@ class Param:
 PARAM_RECORD = struct.Struct("<HHI")  # key, index, value
 PARAM_TYPES = ("u32", "f32")
 # Keys reserved per feature group: 1-31 sliding window, YaRN, gpt-oss; 32-63 DeepSeek MLA. Key 0 is none.
-PARAMS: tuple[Param, ...] = ()
+PARAMS: tuple[Param, ...] = (
+    Param("SLIDING_WINDOW", 1, "u32", True, "SLIDING_WINDOW",
+          "attention window of the layer in positions (HF `sliding_window`); 0 or no record: full attention"),
+)
 PARAM = {p.name: p for p in PARAMS}
 PARAM_BY_CODE = {p.code: p for p in PARAMS}
 PARAM_FLAGS = sum({FLAG[p.flag] for p in PARAMS})  # flags whose feature reads parameters
@@ -467,7 +480,7 @@ class Buffer:
 
 
 BUFFERS: tuple[Buffer, ...] = (
-    Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements)",
+    Buffer("key_cache", 0, 11, "Σ rows_l (n_layers·max_seq without sliding windows) rows of kv_row_bytes",
            "key cache, in the KV cache precision (see \"KV cache\")"),
     Buffer("value_cache", 0, 11, "same", "value cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
@@ -545,13 +558,14 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
           "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
-          "PARAMS": bool(model_params(spec))}
+          "PARAMS": bool(model_params(spec)), "SLIDING_WINDOW": any(spec.sliding_window)}
     return sum(FLAG[name] for name, v in on.items() if v)
 
 
 def model_params(spec) -> dict[tuple[str, int], float | int]:  # noqa: ANN001 (a ModelSpec)
     """The parameters section of a ModelSpec as {(key name, index): value}; empty: the blob has none."""
     out: dict[tuple[str, int], float | int] = {}
+    out.update({("SLIDING_WINDOW", layer): w for layer, w in enumerate(spec.sliding_window) if w})
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .format import canonical_name, feature_flags, tensor_order
 
-ROPE_TYPES = ("default", "llama3")  # rope scaling the exporter's rope_freq implements
+ROPE_TYPES = ("default", "llama3", "yarn")  # rope scaling the exporter's rope_freq implements (codegen/rope.py)
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
@@ -53,10 +53,20 @@ class ModelSpec:
     rope_low_freq: float = 1.0
     rope_high_freq: float = 4.0
     rope_original_max: int = 0
+    # YaRN (rope_type "yarn", with rope_factor and rope_original_max): the correction range's rotations, its
+    # floor/ceil, and the attention factor (folded into the q/k weights at import: codegen/rope.py)
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float = 1.0
+    # Sliding-window attention (Mistral, gpt-oss's sliding layers): the window of each layer in positions,
+    # 0 for full attention; () when no layer has one.
+    sliding_window: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.dense_layers, list):
-            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        for name in ("dense_layers", "sliding_window"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problem = _first_problem(self)
         if problem is not None:
             raise ValueError(f"invalid ModelSpec: {problem}")
@@ -95,6 +105,7 @@ class ModelSpec:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["dense_layers"] = list(self.dense_layers)
+        data["sliding_window"] = list(self.sliding_window)
         return data
 
     @classmethod
@@ -145,6 +156,18 @@ def _first_problem(s: ModelSpec) -> str | None:
         return f"dense_layers must be increasing layer indices below {s.n_layers}, got {d!r}"
     if bool(d) != bool(s.dense_ffn):
         return "dense_layers and dense_ffn must be given together"
+    if s.rope_type == "yarn":
+        for name in ("rope_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor"):
+            v = getattr(s, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                return f"{name} must be a positive finite number, got {v!r}"
+        if not isinstance(s.rope_original_max, int) or isinstance(s.rope_original_max, bool) \
+                or s.rope_original_max <= 0:
+            return f"rope_original_max must be a positive integer, got {s.rope_original_max!r}"
+    w = s.sliding_window
+    if w and (len(w) != s.n_layers or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 1 << 32
+                                          for i in w)):
+        return f"sliding_window must be {s.n_layers} windows (u32, 0 for full attention), got {w!r}"
     if s.rope_type not in ROPE_TYPES:
         return f"rope_type {s.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
     if s.rope_type == "llama3":

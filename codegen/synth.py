@@ -115,7 +115,7 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
     if spec.arch in DENSE_ARCHES:
         out: dict[str, object] = {"intermediate_size": spec.dense_ffn, "head_dim": spec.head_dim}
         if spec.arch == "mistral":
-            out["sliding_window"] = None
+            out["sliding_window"] = spec.sliding_window[0] if spec.sliding_window else None
         if spec.arch in ("qwen2", "qwen3"):
             out["use_sliding_window"] = False
         if spec.arch in ("llama", "qwen3"):
@@ -256,7 +256,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
                      rope_theta: float = 1e6, max_position: int = 4096, heavy_tail: bool = False,
                      shards: int = 1, shared_ffn: int | None = None, dense_ffn: int | None = None,
                      dense_layers: tuple[int, ...] | list[int] | None = None, norm_topk_prob: bool | None = None,
-                     routed_scale: float = 1.0) -> Path:
+                     routed_scale: float = 1.0, sliding_window: int | None = None) -> Path:
     """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed.
 
     `arch` picks the HF family (names and config keys); its features take the family's typical values
@@ -269,6 +269,8 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
     if arch in ("mixtral", "olmoe", *DENSE_ARCHES) and (dense_layers or shared_ffn):
         raise ValueError(f"synth: {arch} has no dense layers or shared experts")
+    if sliding_window is not None and arch != "mistral":
+        raise ValueError(f"synth: {arch} has no sliding window (mistral has)")
     if arch in DENSE_ARCHES:  # every layer dense, of width ffn; no router, no experts
         dense_layers, dense_ffn, experts, top_k = list(range(layers)), ffn, 1, 1
     if dtype not in DTYPES:
@@ -280,6 +282,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         head_dim=head_dim if head_dim is not None else hidden // max(heads, 1), ffn=ffn, n_experts=experts,
         top_k=top_k, rms_eps=RMS_EPS, rope_theta=float(rope_theta), tied=bool(tie), max_position=max_position,
         **_features(arch, ffn, shared_ffn, dense_ffn, dense_layers, norm_topk_prob, routed_scale),
+        sliding_window=(sliding_window,) * layers if sliding_window else (),
     )
     n_tensors = len(canonical_names(spec))
     if not 1 <= shards <= n_tensors:

@@ -60,13 +60,19 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
- * token of a prefill block; the caches hold n_layers * max_seq rows of cb_kv_row_bytes, and with a
- * 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
-static void cb_buffer_bytes(const cb_model *m, uint64_t n[CB_N_BUFFERS])
+ * token of a prefill block; the caches hold each layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and
+ * with a 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
+static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
     uint64_t kvdim = cb_mul(m->n_kv_heads, m->head_dim), b = m->block;
     uint64_t qdim = cb_add(cb_mul(m->n_heads, m->head_dim), m->flags & CB_FLAG_KV ? cb_mul(2, kvdim) : 0);
-    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_kv_row_bytes(m));
+    uint64_t positions = cb_mul(m->n_layers, m->max_seq);
+    if (m->flags & CB_FLAG_SLIDING_WINDOW) { /* the parameters were checked before anything is sized */
+        positions = 0;
+        for (uint32_t l = 0; l < m->n_layers; l++)
+            positions = cb_add(positions, cb_kv_layer_rows(cb_layer_window(blob, m, l), m));
+    }
+    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = cb_mul(positions, cb_kv_row_bytes(m));
     n[CB_BUF_X] = n[CB_BUF_XB] = n[CB_BUF_MOE] = cb_mul(b, m->hidden);
     n[CB_BUF_Q] = cb_mul(b, qdim);
     n[CB_BUF_ATT] = cb_mul(b, cb_mul(m->n_heads, m->head_dim));
@@ -264,7 +270,7 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
     CB_TRY(cb_check_params(v));
     uint64_t bytes[CB_N_BUFFERS];
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(b, m, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
     if (bytes[CB_BUF_KEY_CACHE] >= SIZE_MAX || bytes[CB_BUF_Q] >= SIZE_MAX
         || cb_rd64(b + CB_H_ARENA_BYTES) >= SIZE_MAX || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
@@ -420,7 +426,7 @@ static colibri_status cb_check_plan(cb_check *v)
     const int n_buffers = (int)m->n_buffers;
     if (cb_rd32(b + CB_H_N_BUFFERS) != m->n_buffers)
         return CB_BAD(COLIBRI_E_BAD_PLAN); /* n_buffers: not what the flags imply */
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(b, m, bytes);
     for (int i = 0; i < n_buffers; i++) {
         off[i] = cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * (size_t)i);
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)

@@ -92,9 +92,10 @@
 #define CB_FLAG_ROUTED_SCALE (1u << 8)
 #define CB_FLAG_TOKENIZER (1u << 9)
 #define CB_FLAG_PARAMS (1u << 10)
+#define CB_FLAG_SLIDING_WINDOW (1u << 11)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
-#define CB_FLAGS_KNOWN 0xC7FFu
+#define CB_FLAGS_KNOWN 0xCFFFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -116,14 +117,15 @@
 #define CB_PARAM_RECORD_BYTES 8u
 #define CB_PARAM_U32 0u
 #define CB_PARAM_F32 1u
-#define CB_PARAM_FLAGS 0x0u /* flags whose feature reads parameters */
+#define CB_PARAM_SLIDING_WINDOW 1u /* u32, per layer */
+#define CB_PARAM_FLAGS 0x800u /* flags whose feature reads parameters */
 typedef struct cb_param_def {
     uint16_t key;
     uint8_t type, per_layer, required; /* required: its flag needs at least one record of it */
     uint32_t flag;
 } cb_param_def;
 /* every key this runtime knows, then a key-0 end mark */
-#define CB_PARAM_DEFS { {0u, 0u, 0u, 0u, 0u} }
+#define CB_PARAM_DEFS { {1u, CB_PARAM_U32, 1u, 1u, CB_FLAG_SLIDING_WINDOW}, {0u, 0u, 0u, 0u, 0u} }
 
 /* tensor kinds */
 enum cb_kind {

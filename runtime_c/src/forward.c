@@ -205,12 +205,29 @@ static void cb_qk(const colibri_ctx *c, size_t base, const cb_slots *s, float *q
     cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, CB_T_ROPE_FREQ), pos);
 }
 
-/* Layer l's cache rows (value: the value cache, else the key cache) from position pos: cb_kv_row_bytes
- * each, in the precision the blob's flags say (FORMAT.md "KV cache"). */
-static uint8_t *cb_kv_rows(const colibri_ctx *c, int value, size_t l, size_t pos)
+/* One layer's KV cache (FORMAT.md "KV cache"): its key and value rows (cb_kv_row_bytes each) from the
+ * layer's first, `rows` positions (position p in row p % rows: a ring when the layer's window makes it
+ * shorter than max_seq), and the window (0: full attention). */
+typedef struct cb_kv_layer {
+    uint8_t *keys, *values;
+    size_t rows, window;
+} cb_kv_layer;
+
+/* Layer l's cache, its first row `first` rows into the caches (the rows of the layers before it). */
+static cb_kv_layer cb_kv_layer_at(const colibri_ctx *c, size_t l, size_t first)
 {
-    uint8_t *cache = (uint8_t *)c->buf[value ? CB_BUF_VALUE_CACHE : CB_BUF_KEY_CACHE];
-    return cache + (l * CB_MAX_SEQ(c) + pos) * (size_t)cb_kv_row_bytes(&c->m);
+    const size_t row = (size_t)cb_kv_row_bytes(&c->m);
+    const uint32_t window = cb_layer_window(c->blob, &c->m, (uint32_t)l);
+    cb_kv_layer kv = {(uint8_t *)c->buf[CB_BUF_KEY_CACHE] + first * row,
+                      (uint8_t *)c->buf[CB_BUF_VALUE_CACHE] + first * row,
+                      (size_t)cb_kv_layer_rows(window, &c->m), window};
+    return kv;
+}
+
+/* The row of position pos in a layer's key (or, value: value) cache. */
+static uint8_t *cb_kv_rows(const colibri_ctx *c, const cb_kv_layer *kv, int value, size_t pos)
+{
+    return (value ? kv->values : kv->keys) + pos % kv->rows * (size_t)cb_kv_row_bytes(&c->m);
 }
 
 /* One position's new keys (or values) k, f32, into its row of a 16- or 8-bit cache. */
@@ -228,13 +245,30 @@ static void cb_kv_store(const colibri_ctx *c, uint8_t *row, const float *k)
         cb_kv_quantize(k + h * hd, hd, (int8_t *)row + h * hd, scale + h);
 }
 
-/* Step 3: causal attention of position pos (query q) over the cached keys/values 0..pos, into att */
-static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_all, float *att_all)
+/* out[i] += the weighted rows (kernel WR, the attention's cb_weighted_rows of a cache type) for i < hd,
+ * eight outputs at a time through a register-sized temporary: the second part of a ring's positions */
+#define CB_ADD_WEIGHTED(WR, out, w, rows, stride, n, hd)                                                  \
+    do {                                                                                                  \
+        for (size_t i0_ = 0; i0_ < (hd); i0_ += 8) {                                                      \
+            float t_[8];                                                                                  \
+            size_t len_ = (hd) - i0_ < 8 ? (hd) - i0_ : 8;                                                \
+            WR(t_, w, (rows) + i0_, stride, n, len_);                                                     \
+            for (size_t l_ = 0; l_ < len_; l_++)                                                          \
+                (out)[i0_ + l_] += t_[l_];                                                                \
+        }                                                                                                 \
+    } while (0)
+
+/* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att: the
+ * positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding window:
+ * keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
+static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *q_all, float *att_all)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
     const uint32_t kv_type = CB_KV(c);
-    const uint8_t *keys = cb_kv_rows(c, 0, l, 0), *values = cb_kv_rows(c, 1, l, 0);
+    const size_t lo = kvl->window && pos >= kvl->window ? pos + 1 - kvl->window : 0, n = pos + 1 - lo;
+    const size_t r0 = lo % kvl->rows, n1 = n < kvl->rows - r0 ? n : kvl->rows - r0, n2 = n - n1;
+    const uint8_t *keys = kvl->keys, *values = kvl->values;
     const size_t row = (size_t)cb_kv_row_bytes(&c->m), scale_at = (kvdim + 3) / 4 * 4; /* int8: the scales */
     const float scale = 1.0f / cb_sqrtf((float)hd);
     float *scores = c->buf[CB_BUF_SCORES];
@@ -243,23 +277,37 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
         float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
         if (kv_type & CB_FLAG_KV_F16) {
-            const uint16_t *k16 = (const uint16_t *)(const void *)keys, *v16 = (const uint16_t *)(const void *)values;
-            cb_scores_f16(scores, q, k16 + kv, row / 2, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            cb_weighted_rows_f16(att, scores, v16 + kv, row / 2, pos + 1, hd);
+            const uint16_t *k16 = (const uint16_t *)(const void *)keys + kv, *v16 = (const uint16_t *)(const void *)values + kv;
+            const size_t st = row / 2;
+            cb_scores_f16(scores, q, k16 + r0 * st, st, n1, hd, scale);
+            if (n2)
+                cb_scores_f16(scores + n1, q, k16, st, n2, hd, scale);
+            cb_softmax(scores, n);
+            cb_weighted_rows_f16(att, scores, v16 + r0 * st, st, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows_f16, att, scores + n1, v16, st, n2, hd);
         } else if (kv_type & CB_FLAG_KV_INT8) {
             const float *ks = (const float *)(const void *)(keys + scale_at) + h / group;
             const float *vs = (const float *)(const void *)(values + scale_at) + h / group;
-            cb_scores_i8(scores, q, (const int8_t *)keys + kv, row, ks, row / 4, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            for (size_t t = 0; t <= pos; t++) /* each position's value scale folded into its weight */
-                scores[t] = scores[t] * vs[t * (row / 4)];
-            cb_weighted_rows_i8(att, scores, (const int8_t *)values + kv, row, pos + 1, hd);
+            const int8_t *k8 = (const int8_t *)keys + kv, *v8 = (const int8_t *)values + kv;
+            cb_scores_i8(scores, q, k8 + r0 * row, row, ks + r0 * (row / 4), row / 4, n1, hd, scale);
+            if (n2)
+                cb_scores_i8(scores + n1, q, k8, row, ks, row / 4, n2, hd, scale);
+            cb_softmax(scores, n);
+            for (size_t t = 0; t < n; t++) /* each position's value scale folded into its weight */
+                scores[t] = scores[t] * vs[(t < n1 ? r0 + t : t - n1) * (row / 4)];
+            cb_weighted_rows_i8(att, scores, v8 + r0 * row, row, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows_i8, att, scores + n1, v8, row, n2, hd);
         } else {
-            const float *k32 = (const float *)(const void *)keys, *v32 = (const float *)(const void *)values;
-            cb_scores(scores, q, k32 + kv, kvdim, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            cb_weighted_rows(att, scores, v32 + kv, kvdim, pos + 1, hd);
+            const float *k32 = (const float *)(const void *)keys + kv, *v32 = (const float *)(const void *)values + kv;
+            cb_scores(scores, q, k32 + r0 * kvdim, kvdim, n1, hd, scale);
+            if (n2)
+                cb_scores(scores + n1, q, k32, kvdim, n2, hd, scale);
+            cb_softmax(scores, n);
+            cb_weighted_rows(att, scores, v32 + r0 * kvdim, kvdim, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows, att, scores + n1, v32, kvdim, n2, hd);
         }
     }
 }
@@ -378,7 +426,8 @@ typedef struct cb_block_rows {
 
 /* Layer l (its first table index base) for the n tokens at positions pos.., each step taken by all
  * n tokens before the next: x += attention(norm(x)), then x += mlp-or-experts(norm(x)). */
-static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos, cb_block_rows *r)
+static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *kvl, size_t n, size_t pos,
+                     cb_block_rows *r)
 {
     const size_t dim = CB_HIDDEN(c), kvdim = CB_N_KV_HEADS(c) * CB_HEAD_DIM(c);
     const float eps = c->m.rms_eps;
@@ -390,9 +439,11 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos
         float *staged = c->buf[CB_BUF_Q] + c->m.block * CB_N_HEADS(c) * CB_HEAD_DIM(c);
         cb_rows(staged, kvdim, n, r->k);
         cb_rows(staged + c->m.block * kvdim, kvdim, n, r->v);
-    } else {
-        cb_rows(c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->k);
-        cb_rows(c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->v);
+    } else { /* position by position: a ring's rows wrap */
+        for (size_t j = 0; j < n; j++) {
+            r->k[j] = (float *)(void *)cb_kv_rows(c, kvl, 0, pos + j);
+            r->v[j] = (float *)(void *)cb_kv_rows(c, kvl, 1, pos + j);
+        }
     }
 
     for (size_t j = 0; j < n; j++) /* 0: attention norm */
@@ -404,10 +455,10 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos
     for (size_t j = 0; j < n; j++) {
         cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
         if (CB_KV(c)) {
-            cb_kv_store(c, cb_kv_rows(c, 0, l, pos + j), r->k[j]);
-            cb_kv_store(c, cb_kv_rows(c, 1, l, pos + j), r->v[j]);
+            cb_kv_store(c, cb_kv_rows(c, kvl, 0, pos + j), r->k[j]);
+            cb_kv_store(c, cb_kv_rows(c, kvl, 1, pos + j), r->v[j]);
         }
-        cb_attention(c, l, pos + j, r->q[j], r->att[j]);       /* 3 */
+        cb_attention(c, kvl, pos + j, r->q[j], r->att[j]);       /* 3 */
     }
     const float *const *att = (const float *const *)r->att; /* 4: x += Wo att */
     cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
@@ -446,9 +497,12 @@ static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos
     cb_tensor embed = cb_tensor_at(c, CB_T_EMBED);
     for (size_t j = 0; j < n; j++)
         cb_dequant_row(&embed, (size_t)tokens[j], r.x[j]);
-    size_t base = CB_FIRST_LAYER;
-    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++)
-        cb_layer(c, l, base, n, pos, &r);
+    size_t base = CB_FIRST_LAYER, first = 0; /* the layer's first table entry and first cache row */
+    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++) {
+        const cb_kv_layer kvl = cb_kv_layer_at(c, l, first);
+        cb_layer(c, l, base, &kvl, n, pos, &r);
+        first += kvl.rows;
+    }
 }
 
 /* Steps 10 (final norm) and 11 (lm_head, or the embedding when tied) for row j of the last block. */
