@@ -120,7 +120,8 @@ class Checkpoint:
         view = self._views.get(name)
         scale = weight_scale(self.spec, name)  # YaRN's attention factor on q and k (codegen/rope.py)
         if view is not None:
-            arr = np.ascontiguousarray(arr[view.index]) if view.index else arr
+            arr = arr[view.index] if view.index else arr
+            arr = np.ascontiguousarray(arr.T if view.transpose else arr)
             scale *= view.scale
         if scale != 1.0:
             with np.errstate(over="ignore"):

@@ -187,6 +187,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("SLIDING_WINDOW", 11, "sliding-window attention: a layer with a nonzero SLIDING_WINDOW parameter W "
                                "attends at position p to the keys of positions > p − W only; its KV cache is a "
                                "ring of kv_layer_rows positions (see \"KV cache\")"),
+    Flag("ATTN_SINKS", 12, "each layer's SINKS (a learned logit per query head) joins the softmax of the "
+                           "attention scores as one more position with no value (gpt-oss); the scores buffer "
+                           "holds max_seq + 1"),
+    Flag("O_BIAS", 13, "the output projection adds BO (gpt-oss `attention_bias`, with QKV_BIAS)"),
+    Flag("EXPERT_BIAS", 16, "the router adds ROUTER_BIAS to its logits, and every expert's gate, up and down "
+                            "projections add B_GATE, B_UP, B_DOWN (gpt-oss)"),
+    Flag("CLAMPED_SWIGLU", 17, "the experts' activation is gpt-oss's clamped SwiGLU: g = min(gate, L), "
+                               "u = clamp(up, −L, L), (u + 1)·g·sigmoid(A·g), A and L the SWIGLU_ALPHA and "
+                               "SWIGLU_LIMIT parameters (a NaN stays NaN)"),
     Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
@@ -246,6 +255,8 @@ PARAM_TYPES = ("u32", "f32")
 PARAMS: tuple[Param, ...] = (
     Param("SLIDING_WINDOW", 1, "u32", True, "SLIDING_WINDOW",
           "attention window of the layer in positions (HF `sliding_window`); 0 or no record: full attention"),
+    Param("SWIGLU_ALPHA", 2, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's sigmoid gain A (HF `swiglu_alpha`)"),
+    Param("SWIGLU_LIMIT", 3, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's clamp L (HF `swiglu_limit`)"),
 )
 PARAM = {p.name: p for p in PARAMS}
 PARAM_BY_CODE = {p.code: p for p in PARAMS}
@@ -356,6 +367,12 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
     Kind("PARAMS", 28, "params", "section bytes × 1", "U8", "params", since=1, derived=True),
+    Kind("SINKS", 29, "layers.{L}.attn.sinks", "1 × n_heads", "f32", "attention", since=1),
+    Kind("BO", 30, "layers.{L}.attn.o_bias", "1 × hidden", "f32", "attention", since=1),
+    Kind("ROUTER_BIAS", 31, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
+    Kind("B_GATE", 32, "layers.{L}.moe.experts.{E}.gate_bias", "1 × ffn", "f32", "experts", since=1),
+    Kind("B_DOWN", 33, "layers.{L}.moe.experts.{E}.down_bias", "1 × hidden", "f32", "experts", since=1),
+    Kind("B_UP", 34, "layers.{L}.moe.experts.{E}.up_bias", "1 × ffn", "f32", "experts", since=1),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -388,6 +405,10 @@ LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("experts", ("W_GATE", "W_DOWN", "W_UP"), ("moe",), per_expert=True),
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
+    Slot("o_bias", ("BO",), ("O_BIAS",)),
+    Slot("sinks", ("SINKS",), ("ATTN_SINKS",)),
+    Slot("router_bias", ("ROUTER_BIAS",), ("moe", "EXPERT_BIAS")),
+    Slot("expert_bias", ("B_GATE", "B_DOWN", "B_UP"), ("moe", "EXPERT_BIAS"), per_expert=True),
 )
 GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)), ("PARAMS", ("PARAMS",)), ("TOKENIZER", ("TOKENIZER",)))
 SECTION_KINDS = ("PARAMS", "TOKENIZER")  # U8 entries of raw bytes, not weights
@@ -488,7 +509,7 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
            "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
     Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
-    Buffer("scores", 3, 3, "max_seq", "scores"),
+    Buffer("scores", 3, 3, "max_seq (+ 1 with ATTN_SINKS)", "scores"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
     Buffer("up", 8, 8, "B·ffn", "up"),
@@ -558,7 +579,9 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
           "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
-          "PARAMS": bool(model_params(spec)), "SLIDING_WINDOW": any(spec.sliding_window)}
+          "PARAMS": bool(model_params(spec)), "SLIDING_WINDOW": any(spec.sliding_window),
+          "ATTN_SINKS": spec.attn_sinks, "O_BIAS": spec.o_bias, "EXPERT_BIAS": spec.expert_bias,
+          "CLAMPED_SWIGLU": bool(spec.swiglu_limit)}
     return sum(FLAG[name] for name, v in on.items() if v)
 
 
@@ -566,6 +589,8 @@ def model_params(spec) -> dict[tuple[str, int], float | int]:  # noqa: ANN001 (a
     """The parameters section of a ModelSpec as {(key name, index): value}; empty: the blob has none."""
     out: dict[tuple[str, int], float | int] = {}
     out.update({("SLIDING_WINDOW", layer): w for layer, w in enumerate(spec.sliding_window) if w})
+    if spec.swiglu_limit:
+        out.update({("SWIGLU_ALPHA", 0): spec.swiglu_alpha, ("SWIGLU_LIMIT", 0): spec.swiglu_limit})
     return out
 
 

@@ -109,7 +109,7 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
         "xb": block * spec.hidden,
         "q": block * (qdim + staged),
         "att": block * qdim,
-        "scores": max_seq,
+        "scores": max_seq + (1 if spec.attn_sinks else 0),  # a sink is one more score
         "router": block * spec.n_experts,
         "gate": block * spec.ffn,
         "up": block * spec.ffn,

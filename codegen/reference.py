@@ -131,6 +131,17 @@ def kv_round(x: np.ndarray, kv: str) -> np.ndarray:
     return x
 
 
+def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's expert activation (transformers GptOssExperts._apply_gate): the gate clamped above at
+    limit, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate); NaNs stay NaN."""
+    lim = F32(limit)
+    g = np.where(gate > lim, lim, gate).astype(F32)
+    u = np.where(up > lim, lim, np.where(up < -lim, -lim, up)).astype(F32)
+    with np.errstate(over="ignore"):
+        glu = g * (F32(1.0) / (F32(1.0) + np.exp(-(g * F32(alpha)))))
+    return ((u + F32(1.0)) * glu).astype(F32)
+
+
 def window_start(spec: ModelSpec, layer: int, pos: int) -> int:
     """The first position the query at pos attends to in a layer: 0, or with a sliding window W the
     positions > pos − W only (transformers' sliding_window_overlay: kv_idx > q_idx − W)."""
@@ -224,11 +235,31 @@ class Reference:
         for h in range(s.n_heads):
             kv = h // group  # HF repeat_kv: query head h reads kv head h // group
             scores = (self.k_cache[layer, lo:n, kv] @ q[h]) * scale
-            out[h] = softmax(scores) @ self.v_cache[layer, lo:n, kv]
-        return self._mm(p + "attn.o", out.reshape(-1))
+            if s.attn_sinks:  # gpt-oss: the head's sink joins the softmax as a position without a value
+                probs = softmax(np.append(scores, w[p + "attn.sinks"][h]).astype(F32))[:-1]
+            else:
+                probs = softmax(scores)
+            out[h] = probs @ self.v_cache[layer, lo:n, kv]
+        o = self._mm(p + "attn.o", out.reshape(-1))
+        return o + w[p + "attn.o_bias"] if s.o_bias else o
 
     def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
         return self._mm(prefix + "down", silu(self._mm(prefix + "gate", x)) * self._mm(prefix + "up", x))
+
+    def _expert(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        """A routed expert: the SiLU-gated MLP, or gpt-oss's with biases and its clamped SwiGLU."""
+        s, w = self.spec, self.w
+        if not (s.expert_bias or s.swiglu_limit):
+            return self._mlp(prefix, x)
+        g, u = self._mm(prefix + "gate", x), self._mm(prefix + "up", x)
+        if s.expert_bias:
+            g, u = g + w[prefix + "gate_bias"], u + w[prefix + "up_bias"]
+        if s.swiglu_limit:
+            h = clamped_swiglu(g, u, s.swiglu_alpha, s.swiglu_limit)
+        else:
+            h = silu(g) * u
+        y = self._mm(prefix + "down", h)
+        return y + w[prefix + "down_bias"] if s.expert_bias else y
 
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}.moe."
@@ -236,12 +267,14 @@ class Reference:
             self.routing.append(np.zeros(0, dtype=np.int64))
             return self._mlp(f"layers.{layer}.mlp.", x)
         logits = w[p + "router"] @ x
+        if s.expert_bias:  # gpt-oss: top-k of the biased logits, softmax over the chosen (= renormalised)
+            logits = logits + w[p + "router_bias"]
         self.router_probs[layer] = softmax(logits)
         experts, weights = route(logits, s.top_k, s.norm_topk_prob, s.routed_scale)
         self.routing.append(experts)
         acc = np.zeros_like(x)
         for e, g in zip(experts, weights, strict=True):
-            acc += self._mlp(f"{p}experts.{e}.", x) * g
+            acc += self._expert(f"{p}experts.{e}.", x) * g
         if s.shared_ffn:
             shared = self._mlp(p + "shared.", x)
             if s.shared_gate:

@@ -301,7 +301,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         v = view(spec, {}, name)  # synth writes multipliers of 1 (attention_multiplier 1/sqrt(head_dim))
         if src not in fused:
             fused[src] = np.zeros(v.shape, dtype=np.float32)
-        fused[src][v.index if v.index else ...] = w
+        fused[src][v.index if v.index else ...] = w.T if v.transpose else w
     for src, w in fused.items():
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 

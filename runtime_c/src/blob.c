@@ -76,7 +76,7 @@ static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[C
     n[CB_BUF_X] = n[CB_BUF_XB] = n[CB_BUF_MOE] = cb_mul(b, m->hidden);
     n[CB_BUF_Q] = cb_mul(b, qdim);
     n[CB_BUF_ATT] = cb_mul(b, cb_mul(m->n_heads, m->head_dim));
-    n[CB_BUF_SCORES] = m->max_seq;
+    n[CB_BUF_SCORES] = (uint64_t)m->max_seq + (m->flags & CB_FLAG_ATTN_SINKS ? 1 : 0); /* a sink: one more */
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
@@ -359,6 +359,28 @@ static colibri_status cb_check_mlp(cb_check *v, size_t i, const unsigned kind[3]
     return cb_check_entry(v, i + CB_MLP_UP, kind[CB_MLP_UP], l, e, w, d, DT_ANY);
 }
 
+/* gpt-oss's vectors of layer l (its first table index base): the output bias, the heads' sinks, the router's
+ * bias and each expert's gate, down and up biases, F32, where the flags put them. */
+static colibri_status cb_check_gpt_oss(cb_check *v, size_t base, const cb_slots *s, uint32_t l)
+{
+    const cb_model *m = v->m;
+    const uint64_t d = m->hidden;
+    if (s->o_bias != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->o_bias, CB_KIND_BO, l, 0, 1, d, DT(CB_F32)));
+    if (s->sinks != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->sinks, CB_KIND_SINKS, l, 0, 1, m->n_heads, DT(CB_F32)));
+    if (s->router_bias != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->router_bias, CB_KIND_ROUTER_BIAS, l, 0, 1, m->n_experts, DT(CB_F32)));
+    if (s->expert_bias != CB_NO_SLOT)
+        for (uint32_t e = 0; e < m->n_experts; e++) {
+            size_t i = base + s->expert_bias + (size_t)CB_MLP_TENSORS * e;
+            CB_TRY(cb_check_entry(v, i + CB_MLP_GATE, CB_KIND_B_GATE, l, e, 1, m->ffn, DT(CB_F32)));
+            CB_TRY(cb_check_entry(v, i + CB_MLP_DOWN, CB_KIND_B_DOWN, l, e, 1, d, DT(CB_F32)));
+            CB_TRY(cb_check_entry(v, i + CB_MLP_UP, CB_KIND_B_UP, l, e, 1, m->ffn, DT(CB_F32)));
+        }
+    return COLIBRI_OK;
+}
+
 /* Every entry, in table order, against the kind, shape and dtypes its place in the table implies. */
 static colibri_status cb_check_tensors(cb_check *v)
 {
@@ -403,6 +425,7 @@ static colibri_status cb_check_tensors(cb_check *v)
             CB_TRY(cb_check_entry(v, base + s.shared_gate, CB_KIND_SHARED_EXPERT_GATE, l, 0, 1, d, DT(CB_F32)));
         if (s.shared != CB_NO_SLOT)
             CB_TRY(cb_check_mlp(v, base + s.shared, shared_kinds, l, 0, m->shared_ffn));
+        CB_TRY(cb_check_gpt_oss(v, base, &s, l));
         base += s.n_tensors;
     }
     CB_TRY(cb_check_entry(v, base, CB_KIND_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));

@@ -258,10 +258,20 @@ static void cb_kv_store(const colibri_ctx *c, uint8_t *row, const float *k)
         }                                                                                                 \
     } while (0)
 
+/* softmax of the n scores, with the head's sink (gpt-oss, ATTN_SINKS) as one more logit: scores[n], then
+ * dropped (its weight goes to no value) */
+static void cb_softmax_sink(float *scores, size_t n, const float *sinks, size_t h)
+{
+    if (sinks)
+        scores[n] = sinks[h];
+    cb_softmax(scores, n + (sinks != NULL));
+}
+
 /* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att: the
  * positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding window:
  * keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
-static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *q_all, float *att_all)
+static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *sinks,
+                         const float *q_all, float *att_all)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
@@ -282,7 +292,7 @@ static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, con
             cb_scores_f16(scores, q, k16 + r0 * st, st, n1, hd, scale);
             if (n2)
                 cb_scores_f16(scores + n1, q, k16, st, n2, hd, scale);
-            cb_softmax(scores, n);
+            cb_softmax_sink(scores, n, sinks, h);
             cb_weighted_rows_f16(att, scores, v16 + r0 * st, st, n1, hd);
             if (n2)
                 CB_ADD_WEIGHTED(cb_weighted_rows_f16, att, scores + n1, v16, st, n2, hd);
@@ -293,7 +303,7 @@ static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, con
             cb_scores_i8(scores, q, k8 + r0 * row, row, ks + r0 * (row / 4), row / 4, n1, hd, scale);
             if (n2)
                 cb_scores_i8(scores + n1, q, k8, row, ks, row / 4, n2, hd, scale);
-            cb_softmax(scores, n);
+            cb_softmax_sink(scores, n, sinks, h);
             for (size_t t = 0; t < n; t++) /* each position's value scale folded into its weight */
                 scores[t] = scores[t] * vs[(t < n1 ? r0 + t : t - n1) * (row / 4)];
             cb_weighted_rows_i8(att, scores, v8 + r0 * row, row, n1, hd);
@@ -304,7 +314,7 @@ static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, con
             cb_scores(scores, q, k32 + r0 * kvdim, kvdim, n1, hd, scale);
             if (n2)
                 cb_scores(scores + n1, q, k32, kvdim, n2, hd, scale);
-            cb_softmax(scores, n);
+            cb_softmax_sink(scores, n, sinks, h);
             cb_weighted_rows(att, scores, v32 + r0 * kvdim, kvdim, n1, hd);
             if (n2)
                 CB_ADD_WEIGHTED(cb_weighted_rows, att, scores + n1, v32, kvdim, n2, hd);
@@ -315,8 +325,33 @@ static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, con
 /* out[j] += alpha[j] * down(silu(gate xb[j]) * up xb[j]) for n tokens: the MLP whose gate is at table
  * index i (CB_MLP_GATE, CB_MLP_DOWN, CB_MLP_UP from there), of width w, its gate and up rows in the
  * buffers gate and up. */
-static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
-                   size_t w, float *const *out, const float *alpha)
+/* v[i] += alpha * b[i] for i < n */
+static void cb_add_vector(float *v, const float *b, float alpha, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] += alpha * b[i];
+}
+
+/* What changes a routed expert (gpt-oss): its biases (table index of its B_GATE, 0: none) and, with clamp,
+ * the clamped SwiGLU's gain and limit instead of SiLU. */
+typedef struct cb_expert_extra {
+    size_t bias;
+    int clamp;
+    float alpha, limit;
+} cb_expert_extra;
+
+/* gpt-oss's clamped SwiGLU into g (FORMAT.md CLAMPED_SWIGLU): NaN compares false, so it stays NaN */
+static void cb_clamped_swiglu(float *g, const float *u, size_t n, float alpha, float limit)
+{
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] > limit ? limit : g[i];
+        float ui = u[i] > limit ? limit : u[i] < -limit ? -limit : u[i];
+        g[i] = (ui + 1.0f) * (gi / (1.0f + cb_expf(-(gi * alpha))));
+    }
+}
+
+static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                     size_t w, float *const *out, const float *alpha, const cb_expert_extra *x)
 {
     float *g[CB_MAX_BLOCK] = {NULL}, *u[CB_MAX_BLOCK] = {NULL};
     cb_xq xq[CB_MAX_BLOCK];
@@ -325,9 +360,26 @@ static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const 
     const cb_xq *xbq = cb_quantize(c, xb, n, CB_HIDDEN(c), xq);
     cb_mm(c, i + CB_MLP_GATE, n, xb, xbq, g, cb_ones, 0);
     cb_mm(c, i + CB_MLP_UP, n, xb, xbq, u, cb_ones, 0);
-    cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
+    if (x && x->bias)
+        for (size_t j = 0; j < n; j++) {
+            cb_add_vector(g[j], cb_vector(c, x->bias + CB_MLP_GATE), 1.0f, w);
+            cb_add_vector(u[j], cb_vector(c, x->bias + CB_MLP_UP), 1.0f, w);
+        }
+    if (x && x->clamp)
+        cb_clamped_swiglu(gate, up, n * w, x->alpha, x->limit);
+    else
+        cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
     const float *const *h = (const float *const *)g;
     cb_mm(c, i + CB_MLP_DOWN, n, h, cb_quantize(c, h, n, w, xq), out, alpha, 1);
+    if (x && x->bias) /* out += alpha (W h + b) */
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(out[j], cb_vector(c, x->bias + CB_MLP_DOWN), alpha[j], CB_HIDDEN(c));
+}
+
+static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                   size_t w, float *const *out, const float *alpha)
+{
+    cb_mlp_x(c, i, n, xb, gate, up, w, out, alpha, NULL);
 }
 
 static int cb_chosen(const size_t *chosen, size_t n, size_t e)
@@ -386,6 +438,17 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
     const float *const *xb = (const float *const *)xb_rows;
     cb_rows(c->buf[CB_BUF_ROUTER], n_exp, n, p_rows);
     cb_mm(c, base + s->router, n, xb, NULL, p_rows, cb_ones, 0); /* 7: router logits, then weights */
+    cb_expert_extra extra = {0, 0, 0.0f, 0.0f};
+    if (s->router_bias != CB_NO_SLOT) /* gpt-oss: biased logits */
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(p_rows[j], cb_vector(c, base + s->router_bias), 1.0f, n_exp);
+    if (flags & CB_FLAG_CLAMPED_SWIGLU) { /* the parameters, read once per layer and block */
+        uint32_t a = cb_param_u32(c->blob, &c->m, CB_PARAM_SWIGLU_ALPHA, 0);
+        uint32_t lim = cb_param_u32(c->blob, &c->m, CB_PARAM_SWIGLU_LIMIT, 0);
+        memcpy(&extra.alpha, &a, sizeof a);
+        memcpy(&extra.limit, &lim, sizeof lim);
+        extra.clamp = 1;
+    }
     for (size_t j = 0; j < n; j++)
         cb_route(c, p_rows[j]);
 
@@ -397,9 +460,10 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
                 ys[m] = moe_rows[j];
                 alpha[m++] = p_rows[j][e];
             }
+        extra.bias = s->expert_bias != CB_NO_SLOT ? base + s->expert_bias + CB_MLP_TENSORS * e : 0;
         if (m)
-            cb_mlp(c, base + s->experts + CB_MLP_TENSORS * e, m, xs, c->buf[CB_BUF_GATE], c->buf[CB_BUF_UP], ffn,
-                   ys, alpha);
+            cb_mlp_x(c, base + s->experts + CB_MLP_TENSORS * e, m, xs, c->buf[CB_BUF_GATE], c->buf[CB_BUF_UP], ffn,
+                     ys, alpha, &extra);
     }
     for (size_t j = 0; j < n; j++)
         alpha[j] = 1.0f;
@@ -434,6 +498,7 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
     const int dense = cb_dense_bit(c->blob, CB_FLAGS(c), l);
     const cb_slots s = cb_layer_slots(CB_FLAGS(c), (uint32_t)CB_N_EXPERTS(c), dense);
     const float *const *xb = (const float *const *)r->xb;
+    const float *sinks = s.sinks != CB_NO_SLOT ? cb_vector(c, base + s.sinks) : NULL;
     cb_xq xq[CB_MAX_BLOCK];
     if (CB_KV(c)) { /* the new k and v rows in f32 after the q rows (FORMAT.md "Arena"), stored after rotary */
         float *staged = c->buf[CB_BUF_Q] + c->m.block * CB_N_HEADS(c) * CB_HEAD_DIM(c);
@@ -458,10 +523,13 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
             cb_kv_store(c, cb_kv_rows(c, kvl, 0, pos + j), r->k[j]);
             cb_kv_store(c, cb_kv_rows(c, kvl, 1, pos + j), r->v[j]);
         }
-        cb_attention(c, kvl, pos + j, r->q[j], r->att[j]);       /* 3 */
+        cb_attention(c, kvl, pos + j, sinks, r->q[j], r->att[j]);       /* 3 */
     }
-    const float *const *att = (const float *const *)r->att; /* 4: x += Wo att */
+    const float *const *att = (const float *const *)r->att; /* 4: x += Wo att (+ the o bias) */
     cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
+    if (s.o_bias != CB_NO_SLOT)
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(r->x[j], cb_vector(c, base + s.o_bias), 1.0f, dim);
 
     for (size_t j = 0; j < n; j++) /* 6: ffn norm */
         cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.ffn_norm), dim, eps);
