@@ -11,6 +11,7 @@ that the clamps bite.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -144,3 +145,103 @@ def test_unsupported_config_names_the_key(change, key, tmp_path):
     (d / "config.json").write_text(json.dumps({**BASE, **change}))
     with pytest.raises(ExportError, match=f"key '{key}'"):
         open_checkpoint(d)
+
+
+# ---- MXFP4 checkpoints (the Hub's layout: `<expert tensor>_blocks`, `<expert tensor>_scales`)
+
+def to_mxfp4(plain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A stacked expert tensor (E, in, out) as MXFP4 blocks (E, out, in/32, 16) and scales (E, out, in/32):
+    the layout transformers' convert_moe_packed_tensors reads (its transpose(1, 2) undone), each block's
+    power of two the smallest that fits its largest value in FP4's 6, each value its nearest FP4 code."""
+    values = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    w = np.swapaxes(plain, 1, 2).astype(np.float64)  # (E, out, in)
+    e_, out, n_in = w.shape
+    blocks = w.reshape(e_, out, n_in // 32, 32)
+    amax = np.max(np.abs(blocks), axis=-1)
+    exp = np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)).astype(np.int32)
+    scaled = blocks / np.ldexp(1.0, exp)[..., None]
+    codes = np.argmin(np.abs(scaled[..., None] - values), axis=-1).astype(np.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.astype(np.uint8), (exp + 127).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def mxfp4_ckpt(gpt_oss, tmp_path_factory):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path_factory.mktemp("gpt-oss-mxfp4") / "gpt-oss-mxfp4"
+    shutil.copytree(gpt_oss, out)
+    tensors = load_file(out / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = to_mxfp4(tensors.pop(name))
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_mxfp4_dequantizes_as_transformers(mxfp4_ckpt):
+    import torch
+    from safetensors.numpy import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    t = load_file(mxfp4_ckpt / "model.safetensors")
+    c = open_checkpoint(mxfp4_ckpt)
+    assert c.source_dtypes["layers.1.moe.experts.2.gate"] == "MXFP4"
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        gate_up, down = (convert_moe_packed_tensors(torch.from_numpy(t[p + f"{w}_blocks"]),
+                                                    torch.from_numpy(t[p + f"{w}_scales"]), dtype=torch.float32).numpy()
+                         for w in ("gate_up_proj", "down_proj"))
+        for e in range(4):
+            q = f"layers.{layer}.moe.experts.{e}."
+            assert np.array_equal(c.get(q + "gate"), gate_up[e][:, 0::2].T)
+            assert np.array_equal(c.get(q + "up"), gate_up[e][:, 1::2].T)
+            assert np.array_equal(c.get(q + "down"), down[e].T)
+
+
+def test_mxfp4_to_int8c(mxfp4_ckpt, build_model):
+    """MXFP4 -> float32 -> int8c: the int8c runtime's greedy tokens equal the reference's on the dequantized
+    weights, and what the second quantization costs (printed: weight error, logit error, KL)."""
+    out = build_model(mxfp4_ckpt, "int8c", "host", f"MAX_SEQ={MAX_SEQ}")
+    deq = reference(mxfp4_ckpt)
+    want_tokens = deq.generate(PROMPT, N_GEN)
+    m = load(out / "model.bin")
+    assert m.generate(PROMPT, N_GEN) == want_tokens
+    c, bw = open_checkpoint(mxfp4_ckpt), blob_weights(out / "model.bin")
+    experts = [n for n in canonical_names(c.spec) if ".experts." in n and not n.endswith("_bias")]
+    err = np.sqrt(sum(float(np.sum((bw[n] - c.get(n)) ** 2)) for n in experts)
+                  / sum(float(np.sum(c.get(n) ** 2)) for n in experts))
+    a, b = _all_positions(reference(mxfp4_ckpt), PROMPT), _all_positions(reference(mxfp4_ckpt, bw), PROMPT)
+    pa = np.exp(a - a.max(-1, keepdims=True))
+    pa /= pa.sum(-1, keepdims=True)
+    pb = np.exp(b - b.max(-1, keepdims=True))
+    pb /= pb.sum(-1, keepdims=True)
+    kl = float(np.max(np.sum(pa * np.log(pa / pb), axis=-1)))
+    rel = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+    print(f"\nMXFP4 -> int8c: expert weights rel. error {err:.2e}, max logit error {rel:.2e} of max|logit|, "
+          f"max KL {kl:.2e} nats over {len(PROMPT)} positions")
+    assert err < 2e-2 and kl < 1e-3
+
+
+@pytest.mark.parametrize("blocks, scales, what", [
+    ((4, 64, 2, 16), (4, 64, 2), "2 blocks of 32 dequantize"),  # one block too many for hidden 32
+    ((4, 64, 1, 16), (4, 64, 2), "disagree on the block count"),
+    ((4, 64, 1, 8), (4, 64, 1), "not (..., rows, blocks, 16) bytes"),
+])
+def test_mxfp4_wrong_blocks_named(mxfp4_ckpt, tmp_path, blocks, scales, what):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(mxfp4_ckpt, bad)
+    t = load_file(bad / "model.safetensors")
+    name = "model.layers.1.mlp.experts.gate_up_proj_blocks"
+    t[name] = np.zeros(blocks, np.uint8)
+    t[name.replace("_blocks", "_scales")] = np.full(scales, 127, np.uint8)
+    save_file(t, bad / "model.safetensors")
+    with pytest.raises(ExportError, match=re.escape(what)) as e:
+        open_checkpoint(bad)
+    assert name in str(e.value)
