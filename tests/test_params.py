@@ -23,6 +23,11 @@ S = {"OK": 0, "VERSION": 3, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7, "BAD_TENSOR": 8
 ENTRY = "<HHHBBIIIIIIQQQQ"
 UNKNOWN_KEY = 31  # reserved for this feature group, known to no runtime yet
 SW, SW_FLAG = 1, 1 << 11  # FORMAT.md: parameter key SLIDING_WINDOW, flag SLIDING_WINDOW
+CLAMP = 1 << 17  # FORMAT.md: flag CLAMPED_SWIGLU
+
+
+def F32(x: float) -> int:  # noqa: N802 (an f32 parameter's record value: its IEEE bits)
+    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def _align(n: int) -> int:
@@ -132,6 +137,14 @@ def bad_sections(seed: bytes) -> dict[str, tuple[bytes, str]]:
                                        "BAD_HEADER"),
         "window_then_unknown_key": (with_params(seed, records((SW, 0, 6), (k, 0, 1)), extra_flags=SW_FLAG),
                                     "VERSION"),
+        # CLAMPED_SWIGLU (flag bit 17) requires its two global f32 keys, SWIGLU_ALPHA (2) and SWIGLU_LIMIT (3)
+        "swiglu_valid": (with_params(seed, records((2, 0, F32(1.702)), (3, 0, F32(7.0))), extra_flags=CLAMP),
+                         "OK"),
+        "swiglu_without_limit": (with_params(seed, records((2, 0, F32(1.702))), extra_flags=CLAMP), "BAD_HEADER"),
+        "swiglu_limit_nan": (with_params(seed, records((2, 0, F32(1.702)), (3, 0, 0x7FC00000)), extra_flags=CLAMP),
+                             "BAD_HEADER"),
+        "swiglu_global_index_1": (with_params(seed, records((2, 1, F32(1.702)), (3, 0, F32(7.0))),
+                                              extra_flags=CLAMP), "BAD_HEADER"),
     }
 
 
