@@ -245,3 +245,23 @@ def test_mxfp4_wrong_blocks_named(mxfp4_ckpt, tmp_path, blocks, scales, what):
     with pytest.raises(ExportError, match=re.escape(what)) as e:
         open_checkpoint(bad)
     assert name in str(e.value)
+
+
+def test_mixed_layers_ring_cache(gpt_oss, build_model):
+    """Prefill blocks of 4: the sliding layer's cache is a ring of 5 + 4 - 1 = 8 positions, the full layer's
+    max_seq; the 10-token prompt and 16 new tokens wrap the ring, and the runtime still equals the reference."""
+    import json as _json
+
+    from colibri.codegen import format as fmt
+
+    out = build_model(gpt_oss, "f32", "host", f"MAX_SEQ={MAX_SEQ}", "PREFILL_BLOCK=4")
+    spec = open_checkpoint(gpt_oss).spec
+    arena = _json.loads((out / "manifest.json").read_text())["arena"]
+    row = fmt.kv_row_bytes("f32", spec.n_kv_heads, spec.head_dim)
+    assert arena["prefill_block"] == 4 and arena["kv_cache_bytes"] == 2 * (WINDOW + 4 - 1 + MAX_SEQ) * row
+    want_logits, want_tokens = expectation("f32", out, gpt_oss)
+    m = load(out / "model.bin")
+    got = m.forward(PROMPT)
+    assert float(np.max(np.abs(got - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+    m.reset()
+    assert m.generate(PROMPT, N_GEN) == want_tokens
