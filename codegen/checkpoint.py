@@ -7,13 +7,16 @@ later, one tensor at a time, by `Checkpoint.get`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
+from . import mxfp4
 from .errors import ExportError
 from .importers import Importer, View, find_importer
+from .rope import weight_scale
 from .safeio import read_json
 from .safetensors_reader import FLOAT_DTYPES, SafetensorsFile, TensorInfo
 from .spec import ModelSpec, canonical_shape
@@ -82,7 +85,8 @@ class Checkpoint:
     """A validated checkpoint; `get` reads one canonical tensor as float32."""
 
     def __init__(self, path: Path, config: dict[str, Any], importer: Importer, spec: ModelSpec,
-                 sources: dict[str, tuple[SafetensorsFile, TensorInfo]], views: dict[str, View] | None = None) -> None:
+                 sources: dict[str, tuple[SafetensorsFile, TensorInfo]], views: dict[str, View] | None = None,
+                 mxfp4: dict[str, tuple[SafetensorsFile, TensorInfo]] | None = None) -> None:
         self.path = path
         self.config = config
         self.importer = importer
@@ -91,6 +95,9 @@ class Checkpoint:
         self._views = views or {}  # canonical name -> its part of a fused or scaled file tensor
         # canonical name -> safetensors dtype in the files ("F32", "F16" or "BF16")
         self.source_dtypes: dict[str, str] = {n: info.dtype for n, (_, info) in sources.items()}
+        # canonical name -> the scales of an MXFP4 source (its blocks are in sources): codegen/mxfp4.py
+        self._mxfp4 = mxfp4 or {}
+        self.source_dtypes.update(dict.fromkeys(self._mxfp4, "MXFP4"))
 
     def names(self) -> list[str]:
         """Canonical tensor names, in canonical order."""
@@ -115,13 +122,24 @@ class Checkpoint:
     def get(self, name: str) -> np.ndarray:
         """Read one canonical tensor as a new float32 array; ExportError on NaN/Inf. KeyError if unknown."""
         f, info = self._sources[name]
-        arr = f.read(info.name)
         view = self._views.get(name)
+        if name in self._mxfp4:  # dequantized as transformers does; one expert's part when the view picks one
+            fs, scales = self._mxfp4[name]
+            blocks, sc = f.read_u8(info.name), fs.read_u8(scales.name)
+            if view is not None and view.index and isinstance(view.index[0], int):
+                blocks, sc = blocks[view.index[0]], sc[view.index[0]]
+                view = replace(view, index=view.index[1:])
+            arr = mxfp4.dequantize(blocks, sc)
+        else:
+            arr = f.read(info.name)
+        scale = weight_scale(self.spec, name)  # YaRN's attention factor on q and k (codegen/rope.py)
         if view is not None:
-            arr = np.ascontiguousarray(arr[view.index]) if view.index else arr
-            if view.scale != 1.0:
-                with np.errstate(over="ignore"):
-                    arr = (arr * np.float32(view.scale)).astype(np.float32)
+            arr = arr[view.index] if view.index else arr
+            arr = np.ascontiguousarray(arr.T if view.transpose else arr)
+            scale *= view.scale
+        if scale != 1.0:
+            with np.errstate(over="ignore"):
+                arr = (arr * np.float32(scale)).astype(np.float32)
         bad = ~np.isfinite(arr)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -155,9 +173,28 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise ExportError(config_path, f"describes {spec.n_layers} layers of {spec.n_experts} experts, at least "
                                        f"{at_least} tensors, but the checkpoint files hold {len(where)}")
     sources: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
+    packed: dict[str, tuple[SafetensorsFile, TensorInfo]] = {}
     expected = importer.tensor_map(spec)
     views = {c: importer.view(spec, config, c) for c in expected} if importer.view else {}
+    wanted = set(expected.values())
     for canonical, name in expected.items():
+        pair = [name + sfx for sfx in mxfp4.SUFFIXES]
+        if name not in where and all(p in where for p in pair):  # MXFP4 blocks and scales (codegen/mxfp4.py)
+            (f, info), (fs, scales) = where[pair[0]], where[pair[1]]
+            for n, i in ((pair[0], info), (pair[1], scales)):
+                if i.dtype != "U8":
+                    raise ExportError(where[n][0].path, f"MXFP4 {n.rsplit('_', 1)[-1]} of dtype {i.dtype}, not U8", n)
+            why = mxfp4.problem(info.shape, scales.shape)
+            shape = views[canonical].shape if views else canonical_shape(spec, canonical)
+            plain = mxfp4.dequantized_shape(info.shape) if why is None else shape
+            if plain != shape:
+                why = (f"{info.shape[-2]} blocks of {mxfp4.BLOCK} dequantize to {list(plain)}, "
+                       f"not the config's {list(shape)}")
+            if why is not None:
+                raise ExportError(f.path, f"MXFP4 tensor: {why}", pair[0])
+            sources[canonical], packed[canonical] = (f, info), (fs, scales)
+            wanted.update(pair)
+            continue
         if name not in where:
             raise ExportError(listing, "missing tensor", name)
         f, info = where[name]
@@ -168,8 +205,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         if info.shape != shape:
             raise ExportError(f.path, f"shape {list(info.shape)} does not match the config's {list(shape)}", name)
         sources[canonical] = (f, info)
-    wanted = set(expected.values())
     for name in sorted(where):
         if name not in wanted and not importer.is_ignored(spec, name):
             raise ExportError(where[name][0].path, "unexpected tensor (not part of the model)", name)
-    return Checkpoint(directory, config, importer, spec, sources, views)
+    return Checkpoint(directory, config, importer, spec, sources, views, packed)

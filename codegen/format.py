@@ -184,6 +184,18 @@ FLAGS: tuple[Flag, ...] = (
     # The parameters section (FORMAT.md "Parameters"): scalar model parameters the 256-byte header has no
     # room for. Each flag of a feature with parameters (Param.flag) needs PARAMS and its required keys.
     Flag("PARAMS", 10, "the table has a PARAMS entry (before TOKENIZER): the model's parameters section"),
+    Flag("SLIDING_WINDOW", 11, "sliding-window attention: a layer with a nonzero SLIDING_WINDOW parameter W "
+                               "attends at position p to the keys of positions > p − W only; its KV cache is a "
+                               "ring of kv_layer_rows positions (see \"KV cache\")"),
+    Flag("ATTN_SINKS", 12, "each layer's SINKS (a learned logit per query head) joins the softmax of the "
+                           "attention scores as one more position with no value (gpt-oss); the scores buffer "
+                           "holds max_seq + 1"),
+    Flag("O_BIAS", 13, "the output projection adds BO (gpt-oss `attention_bias`, with QKV_BIAS)"),
+    Flag("EXPERT_BIAS", 16, "the router adds ROUTER_BIAS to its logits, and every expert's gate, up and down "
+                            "projections add B_GATE, B_UP, B_DOWN (gpt-oss)"),
+    Flag("CLAMPED_SWIGLU", 17, "the experts' activation is gpt-oss's clamped SwiGLU: g = min(gate, L), "
+                               "u = clamp(up, −L, L), (u + 1)·g·sigmoid(A·g), A and L the SWIGLU_ALPHA and "
+                               "SWIGLU_LIMIT parameters (a NaN stays NaN)"),
     Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
@@ -198,6 +210,13 @@ KV_DTYPES = ("f32", "f16", "int8")
 KV_FLAG = {"f32": 0, "f16": FLAG["KV_F16"], "int8": FLAG["KV_INT8"]}
 KV_FLAGS = FLAG["KV_F16"] | FLAG["KV_INT8"]
 KV_SCALE_BYTES = 4  # the f32 scale of one head's int8 row
+
+
+def kv_layer_rows(window: int, max_seq: int, block: int) -> int:
+    """Positions one layer's KV cache holds: max_seq, or for a layer of window W (nonzero) whose
+    W + block − 1 is less, that ring of W + block − 1 rows (position p in row p mod rows: a prefill block
+    writes its block rows before its first query has read the W it sees)."""
+    return window + block - 1 if window and window + block - 1 < max_seq else max_seq
 
 
 def kv_dtype_of(flags: int) -> str:
@@ -233,7 +252,12 @@ class Param:
 PARAM_RECORD = struct.Struct("<HHI")  # key, index, value
 PARAM_TYPES = ("u32", "f32")
 # Keys reserved per feature group: 1-31 sliding window, YaRN, gpt-oss; 32-63 DeepSeek MLA. Key 0 is none.
-PARAMS: tuple[Param, ...] = ()
+PARAMS: tuple[Param, ...] = (
+    Param("SLIDING_WINDOW", 1, "u32", True, "SLIDING_WINDOW",
+          "attention window of the layer in positions (HF `sliding_window`); 0 or no record: full attention"),
+    Param("SWIGLU_ALPHA", 2, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's sigmoid gain A (HF `swiglu_alpha`)"),
+    Param("SWIGLU_LIMIT", 3, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's clamp L (HF `swiglu_limit`)"),
+)
 PARAM = {p.name: p for p in PARAMS}
 PARAM_BY_CODE = {p.code: p for p in PARAMS}
 PARAM_FLAGS = sum({FLAG[p.flag] for p in PARAMS})  # flags whose feature reads parameters
@@ -343,6 +367,12 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
     Kind("PARAMS", 28, "params", "section bytes × 1", "U8", "params", since=1, derived=True),
+    Kind("SINKS", 29, "layers.{L}.attn.sinks", "1 × n_heads", "f32", "attention", since=1),
+    Kind("BO", 30, "layers.{L}.attn.o_bias", "1 × hidden", "f32", "attention", since=1),
+    Kind("ROUTER_BIAS", 31, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
+    Kind("B_GATE", 32, "layers.{L}.moe.experts.{E}.gate_bias", "1 × ffn", "f32", "experts", since=1),
+    Kind("B_DOWN", 33, "layers.{L}.moe.experts.{E}.down_bias", "1 × hidden", "f32", "experts", since=1),
+    Kind("B_UP", 34, "layers.{L}.moe.experts.{E}.up_bias", "1 × ffn", "f32", "experts", since=1),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -375,6 +405,10 @@ LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("experts", ("W_GATE", "W_DOWN", "W_UP"), ("moe",), per_expert=True),
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
+    Slot("o_bias", ("BO",), ("O_BIAS",)),
+    Slot("sinks", ("SINKS",), ("ATTN_SINKS",)),
+    Slot("router_bias", ("ROUTER_BIAS",), ("moe", "EXPERT_BIAS")),
+    Slot("expert_bias", ("B_GATE", "B_DOWN", "B_UP"), ("moe", "EXPERT_BIAS"), per_expert=True),
 )
 GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)), ("PARAMS", ("PARAMS",)), ("TOKENIZER", ("TOKENIZER",)))
 SECTION_KINDS = ("PARAMS", "TOKENIZER")  # U8 entries of raw bytes, not weights
@@ -475,7 +509,7 @@ CLASSES = ("kv_cache", "activations", "scratch")
 ARENA_ORDER = ("activations", "kv_cache", "scratch")
 
 BUFFERS: tuple[Buffer, ...] = (
-    Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements)",
+    Buffer("key_cache", 0, 11, "Σ rows_l (n_layers·max_seq without sliding windows) rows of kv_row_bytes",
            "key cache, in the KV cache precision (see \"KV cache\")", cls="kv_cache"),
     Buffer("value_cache", 0, 11, "same", "value cache", cls="kv_cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
@@ -483,7 +517,7 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
            "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
     Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
-    Buffer("scores", 3, 3, "max_seq", "scores", cls="scratch"),
+    Buffer("scores", 3, 3, "max_seq (+ 1 with ATTN_SINKS)", "scores", cls="scratch"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
     Buffer("up", 8, 8, "B·ffn", "up"),
@@ -553,13 +587,18 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
           "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
-          "PARAMS": bool(model_params(spec))}
+          "PARAMS": bool(model_params(spec)), "SLIDING_WINDOW": any(spec.sliding_window),
+          "ATTN_SINKS": spec.attn_sinks, "O_BIAS": spec.o_bias, "EXPERT_BIAS": spec.expert_bias,
+          "CLAMPED_SWIGLU": bool(spec.swiglu_limit)}
     return sum(FLAG[name] for name, v in on.items() if v)
 
 
 def model_params(spec) -> dict[tuple[str, int], float | int]:  # noqa: ANN001 (a ModelSpec)
     """The parameters section of a ModelSpec as {(key name, index): value}; empty: the blob has none."""
     out: dict[tuple[str, int], float | int] = {}
+    out.update({("SLIDING_WINDOW", layer): w for layer, w in enumerate(spec.sliding_window) if w})
+    if spec.swiglu_limit:
+        out.update({("SWIGLU_ALPHA", 0): spec.swiglu_alpha, ("SWIGLU_LIMIT", 0): spec.swiglu_limit})
     return out
 
 

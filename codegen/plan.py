@@ -97,15 +97,21 @@ def buffer_bytes(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32")
     """Bytes of each table buffer (before alignment): the caches in the KV precision, the rest f32."""
     out = {k: v * F32 for k, v in buffer_elements(spec, max_seq, block, kv).items()}
     out["key_cache"] = out["value_cache"] = (
-        spec.n_layers * max_seq * fmt.kv_row_bytes(kv, spec.n_kv_heads, spec.head_dim))
+        kv_positions(spec, max_seq, block) * fmt.kv_row_bytes(kv, spec.n_kv_heads, spec.head_dim))
     return out
+
+
+def kv_positions(spec: ModelSpec, max_seq: int, block: int = 1) -> int:
+    """Rows of the key (or value) cache over all layers: max_seq each, a sliding-window layer's ring less."""
+    windows = spec.sliding_window or (0,) * spec.n_layers
+    return sum(fmt.kv_layer_rows(w, max_seq, block) for w in windows)
 
 
 def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
     """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block.
     The caches' entries count f32 elements of an f32 cache (buffer_bytes() has their bytes in any
     precision); with a 16- or 8-bit cache q also holds the block's new k and v rows in f32."""
-    kv_elems = spec.n_layers * max_seq * spec.n_kv_heads * spec.head_dim
+    kv_elems = kv_positions(spec, max_seq, block) * spec.n_kv_heads * spec.head_dim
     qdim = spec.n_heads * spec.head_dim
     staged = 0 if kv == "f32" else 2 * spec.n_kv_heads * spec.head_dim
     return {
@@ -115,7 +121,7 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
         "xb": block * spec.hidden,
         "q": block * (qdim + staged),
         "att": block * qdim,
-        "scores": max_seq,
+        "scores": max_seq + (1 if spec.attn_sinks else 0),  # a sink is one more score
         "router": block * spec.n_experts,
         "gate": block * spec.ffn,
         "up": block * spec.ffn,

@@ -14,42 +14,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import rope
 from .format import KV_DTYPES
 from .spec import ModelSpec, canonical_names
 
 F32 = np.float32
+rope_inv_freq = rope.rope_inv_freq  # the exporter's ROPE_FREQ tensor: codegen/rope.py
 
 
 class WeightSource(Protocol):
     def get(self, name: str) -> Any: ...
-
-
-def rope_inv_freq(spec: ModelSpec) -> np.ndarray:
-    """Rotary inverse frequencies as HF computes them in float32: 1 / theta ** (arange(0, d, 2) / d).
-
-    The float32 exponent is exact as in HF; the power is rounded once from float64 (torch's own
-    float32 pow may differ from it by an ulp), so the result does not depend on the libm at hand.
-    """
-    d = spec.head_dim
-    exponent = np.arange(0, d, 2, dtype=F32) / F32(d)
-    power = (np.float64(spec.rope_theta) ** exponent.astype(np.float64)).astype(F32)
-    inv_freq = F32(1.0) / power
-    return llama3_scaling(spec, inv_freq) if spec.rope_type == "llama3" else inv_freq
-
-
-def llama3_scaling(spec: ModelSpec, inv_freq: np.ndarray) -> np.ndarray:
-    """transformers' _compute_llama3_parameters on float32 inverse frequencies, step by step in float32:
-    long wavelengths divided by `factor`, short ones kept, the band between interpolated."""
-    factor, low, high = F32(spec.rope_factor), F32(spec.rope_low_freq), F32(spec.rope_high_freq)
-    old = F32(spec.rope_original_max)
-    low_wavelen = spec.rope_original_max / spec.rope_low_freq
-    high_wavelen = spec.rope_original_max / spec.rope_high_freq
-    wavelen = F32(2 * np.pi) / inv_freq
-    scaled = np.where(wavelen > F32(low_wavelen), inv_freq / factor, inv_freq).astype(F32)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (F32(1.0) - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < F32(high_wavelen)) & ~(wavelen > F32(low_wavelen))
-    return np.where(medium, smoothed, scaled).astype(F32)
 
 
 def rope_cos_sin(inv_freq: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,6 +131,24 @@ def kv_round(x: np.ndarray, kv: str) -> np.ndarray:
     return x
 
 
+def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's expert activation (transformers GptOssExperts._apply_gate): the gate clamped above at
+    limit, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate); NaNs stay NaN."""
+    lim = F32(limit)
+    g = np.where(gate > lim, lim, gate).astype(F32)
+    u = np.where(up > lim, lim, np.where(up < -lim, -lim, up)).astype(F32)
+    with np.errstate(over="ignore"):
+        glu = g * (F32(1.0) / (F32(1.0) + np.exp(-(g * F32(alpha)))))
+    return ((u + F32(1.0)) * glu).astype(F32)
+
+
+def window_start(spec: ModelSpec, layer: int, pos: int) -> int:
+    """The first position the query at pos attends to in a layer: 0, or with a sliding window W the
+    positions > pos − W only (transformers' sliding_window_overlay: kv_idx > q_idx − W)."""
+    w = spec.sliding_window[layer] if spec.sliding_window else 0
+    return max(0, pos + 1 - w) if w else 0
+
+
 class Reference:
     """Greedy-decodable Mixtral in numpy float32 with a KV cache of `max_seq` positions.
 
@@ -236,17 +228,38 @@ class Reference:
         self.v_cache[layer, self.pos] = kv_round(v, self.kv)
         q = apply_rope(q, cos, sin)
         n = self.pos + 1
+        lo = window_start(s, layer, self.pos)
         group = s.n_heads // s.n_kv_heads
         scale = F32(s.head_dim ** -0.5)
         out = np.empty((s.n_heads, s.head_dim), dtype=F32)
         for h in range(s.n_heads):
             kv = h // group  # HF repeat_kv: query head h reads kv head h // group
-            scores = (self.k_cache[layer, :n, kv] @ q[h]) * scale
-            out[h] = softmax(scores) @ self.v_cache[layer, :n, kv]
-        return self._mm(p + "attn.o", out.reshape(-1))
+            scores = (self.k_cache[layer, lo:n, kv] @ q[h]) * scale
+            if s.attn_sinks:  # gpt-oss: the head's sink joins the softmax as a position without a value
+                probs = softmax(np.append(scores, w[p + "attn.sinks"][h]).astype(F32))[:-1]
+            else:
+                probs = softmax(scores)
+            out[h] = probs @ self.v_cache[layer, lo:n, kv]
+        o = self._mm(p + "attn.o", out.reshape(-1))
+        return o + w[p + "attn.o_bias"] if s.o_bias else o
 
     def _mlp(self, prefix: str, x: np.ndarray) -> np.ndarray:
         return self._mm(prefix + "down", silu(self._mm(prefix + "gate", x)) * self._mm(prefix + "up", x))
+
+    def _expert(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        """A routed expert: the SiLU-gated MLP, or gpt-oss's with biases and its clamped SwiGLU."""
+        s, w = self.spec, self.w
+        if not (s.expert_bias or s.swiglu_limit):
+            return self._mlp(prefix, x)
+        g, u = self._mm(prefix + "gate", x), self._mm(prefix + "up", x)
+        if s.expert_bias:
+            g, u = g + w[prefix + "gate_bias"], u + w[prefix + "up_bias"]
+        if s.swiglu_limit:
+            h = clamped_swiglu(g, u, s.swiglu_alpha, s.swiglu_limit)
+        else:
+            h = silu(g) * u
+        y = self._mm(prefix + "down", h)
+        return y + w[prefix + "down_bias"] if s.expert_bias else y
 
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}.moe."
@@ -254,12 +267,14 @@ class Reference:
             self.routing.append(np.zeros(0, dtype=np.int64))
             return self._mlp(f"layers.{layer}.mlp.", x)
         logits = w[p + "router"] @ x
+        if s.expert_bias:  # gpt-oss: top-k of the biased logits, softmax over the chosen (= renormalised)
+            logits = logits + w[p + "router_bias"]
         self.router_probs[layer] = softmax(logits)
         experts, weights = route(logits, s.top_k, s.norm_topk_prob, s.routed_scale)
         self.routing.append(experts)
         acc = np.zeros_like(x)
         for e, g in zip(experts, weights, strict=True):
-            acc += self._mlp(f"{p}experts.{e}.", x) * g
+            acc += self._expert(f"{p}experts.{e}.", x) * g
         if s.shared_ffn:
             shared = self._mlp(p + "shared.", x)
             if s.shared_gate:

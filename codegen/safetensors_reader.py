@@ -148,11 +148,27 @@ class SafetensorsFile:
                              f"= {expected} bytes", name)
         return TensorInfo(name, dtype, tuple(shape), data_start + begin, end - begin), begin, end
 
+    def read_u8(self, name: str) -> np.ndarray:
+        """A U8 tensor (MXFP4 blocks and scales) as a new uint8 array."""
+        info = self.tensors[name]
+        if info.dtype != "U8":
+            raise self._fail(f"dtype {info.dtype}, not U8", name)
+        return np.frombuffer(self._bytes(name), dtype=np.uint8).reshape(info.shape).copy()
+
     def read(self, name: str) -> np.ndarray:
         """The tensor as a new, writable float32 array (F32, F16 and BF16 only)."""
         info = self.tensors[name]
         if info.dtype not in _NUMPY_DTYPES:
             raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
+        raw = np.frombuffer(self._bytes(name), dtype=_NUMPY_DTYPES[info.dtype])
+        if info.dtype == "BF16":
+            out = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            out = raw.astype(np.float32)
+        return out.reshape(info.shape)
+
+    def _bytes(self, name: str) -> bytearray:
+        info = self.tensors[name]
         buf = bytearray(info.nbytes)
         fd = open_regular(self.path, "safetensors file")
         try:
@@ -163,9 +179,4 @@ class SafetensorsFile:
             raise self._fail(f"cannot read: {e.strerror or e}", name) from None
         if got != info.nbytes:
             raise self._fail(f"truncated: expected {info.nbytes} bytes of data, read {got}", name)
-        raw = np.frombuffer(buf, dtype=_NUMPY_DTYPES[info.dtype])
-        if info.dtype == "BF16":
-            out = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            out = raw.astype(np.float32)
-        return out.reshape(info.shape)
+        return buf

@@ -14,7 +14,7 @@ from typing import Any
 
 from .format import canonical_name, feature_flags, tensor_order
 
-ROPE_TYPES = ("default", "llama3")  # rope scaling the exporter's rope_freq implements
+ROPE_TYPES = ("default", "llama3", "yarn")  # rope scaling the exporter's rope_freq implements (codegen/rope.py)
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
@@ -53,10 +53,27 @@ class ModelSpec:
     rope_low_freq: float = 1.0
     rope_high_freq: float = 4.0
     rope_original_max: int = 0
+    # YaRN (rope_type "yarn", with rope_factor and rope_original_max): the correction range's rotations, its
+    # floor/ceil, and the attention factor (folded into the q/k weights at import: codegen/rope.py)
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float = 1.0
+    # Sliding-window attention (Mistral, gpt-oss's sliding layers): the window of each layer in positions,
+    # 0 for full attention; () when no layer has one.
+    sliding_window: tuple[int, ...] = ()
+    # gpt-oss: attention sinks (attn.sinks, a logit per head), o_proj bias (attn.o_bias), router and expert
+    # biases (moe.router_bias, experts.E.{gate,up,down}_bias), the experts' clamped SwiGLU (limit 0: SiLU)
+    attn_sinks: bool = False
+    o_bias: bool = False
+    expert_bias: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.dense_layers, list):
-            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        for name in ("dense_layers", "sliding_window"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problem = _first_problem(self)
         if problem is not None:
             raise ValueError(f"invalid ModelSpec: {problem}")
@@ -95,6 +112,7 @@ class ModelSpec:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["dense_layers"] = list(self.dense_layers)
+        data["sliding_window"] = list(self.sliding_window)
         return data
 
     @classmethod
@@ -125,7 +143,7 @@ def _first_problem(s: ModelSpec) -> str | None:
             return f"{name} must be a positive finite number, got {v!r}"
     if not isinstance(s.tied, bool):
         return f"tied must be a bool, got {s.tied!r}"
-    for name in ("qkv_bias", "norm_topk_prob", "shared_gate"):
+    for name in ("qkv_bias", "norm_topk_prob", "shared_gate", "attn_sinks", "o_bias", "expert_bias"):
         if not isinstance(getattr(s, name), bool):
             return f"{name} must be a bool, got {getattr(s, name)!r}"
     if s.qk_norm not in QK_NORMS:
@@ -145,6 +163,22 @@ def _first_problem(s: ModelSpec) -> str | None:
         return f"dense_layers must be increasing layer indices below {s.n_layers}, got {d!r}"
     if bool(d) != bool(s.dense_ffn):
         return "dense_layers and dense_ffn must be given together"
+    if s.rope_type == "yarn":
+        for name in ("rope_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor"):
+            v = getattr(s, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                return f"{name} must be a positive finite number, got {v!r}"
+        if not isinstance(s.rope_original_max, int) or isinstance(s.rope_original_max, bool) \
+                or s.rope_original_max <= 0:
+            return f"rope_original_max must be a positive integer, got {s.rope_original_max!r}"
+    for name in ("swiglu_alpha", "swiglu_limit"):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            return f"{name} must be a non-negative finite number, got {v!r}"
+    w = s.sliding_window
+    if w and (len(w) != s.n_layers or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 1 << 32
+                                          for i in w)):
+        return f"sliding_window must be {s.n_layers} windows (u32, 0 for full attention), got {w!r}"
     if s.rope_type not in ROPE_TYPES:
         return f"rope_type {s.rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
     if s.rope_type == "llama3":
@@ -181,6 +215,10 @@ def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | No
     }
     if spec.qkv_bias:
         fixed.update({"attn.q_bias": (spec.q_dim,), "attn.k_bias": (spec.kv_dim,), "attn.v_bias": (spec.kv_dim,)})
+    if spec.attn_sinks:
+        fixed["attn.sinks"] = (spec.n_heads,)
+    if spec.o_bias:
+        fixed["attn.o_bias"] = (h,)
     if spec.qk_norm == "head":
         fixed.update({"attn.q_norm": (spec.head_dim,), "attn.k_norm": (spec.head_dim,)})
     elif spec.qk_norm == "full":
@@ -190,6 +228,8 @@ def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | No
         fixed.update({"mlp.gate": (f, h), "mlp.up": (f, h), "mlp.down": (h, f)})
     else:
         fixed["moe.router"] = (spec.n_experts, h)
+        if spec.expert_bias:
+            fixed["moe.router_bias"] = (spec.n_experts,)
         if spec.shared_gate:
             fixed["moe.shared_gate"] = (1, h)
         if spec.shared_ffn:
@@ -201,7 +241,10 @@ def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | No
         return None
     parts = rest.split(".")
     if len(parts) == 4 and parts[:2] == ["moe", "experts"] and _index(parts[2], spec.n_experts) is not None:
-        return {"gate": (spec.ffn, h), "up": (spec.ffn, h), "down": (h, spec.ffn)}.get(parts[3])
+        shapes = {"gate": (spec.ffn, h), "up": (spec.ffn, h), "down": (h, spec.ffn)}
+        if spec.expert_bias:
+            shapes.update({"gate_bias": (spec.ffn,), "up_bias": (spec.ffn,), "down_bias": (h,)})
+        return shapes.get(parts[3])
     return None
 
 

@@ -31,7 +31,7 @@ class Quantized:
 
 def tensor_quant(name: str, quant: str) -> str:
     """The quantization a tensor gets: norms, biases, router and shared gate stay float32."""
-    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate")):
+    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.sinks")):
         return "f32"
     return quant
 

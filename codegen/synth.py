@@ -74,6 +74,8 @@ def _weight(rng: np.random.Generator, spec: ModelSpec, name: str, heavy_tail: bo
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name.endswith("_bias"):
         return (BIAS_STD * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith("attn.sinks"):  # gpt-oss: a logit per head, of the scores' order
+        return (0.5 * rng.standard_normal(shape)).astype(np.float32)
     if name == "embed":
         std = TIED_EMBED_STD / math.sqrt(spec.hidden) if spec.tied else 1.0
     elif name.endswith("router"):
@@ -115,12 +117,20 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
     if spec.arch in DENSE_ARCHES:
         out: dict[str, object] = {"intermediate_size": spec.dense_ffn, "head_dim": spec.head_dim}
         if spec.arch == "mistral":
-            out["sliding_window"] = None
+            out["sliding_window"] = spec.sliding_window[0] if spec.sliding_window else None
         if spec.arch in ("qwen2", "qwen3"):
             out["use_sliding_window"] = False
         if spec.arch in ("llama", "qwen3"):
             out["attention_bias"] = False
         return out
+    if spec.arch == "gpt-oss":  # explicit rope and layer types: GptOssConfig's defaults are YaRN, alternating
+        w = max(spec.sliding_window, default=0)
+        return {"intermediate_size": spec.ffn, "num_local_experts": spec.n_experts, "attention_bias": True,
+                "swiglu_alpha": spec.swiglu_alpha, "swiglu_limit": spec.swiglu_limit, "head_dim": spec.head_dim,
+                "layer_types": ["sliding_attention" if v else "full_attention"
+                                for v in spec.sliding_window or (0,) * spec.n_layers],
+                "sliding_window": w or None,
+                "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta}}
     if spec.arch == "granitemoe":
         return {"intermediate_size": spec.ffn, "num_local_experts": spec.n_experts,
                 "shared_intermediate_size": spec.shared_ffn, "attention_bias": False,
@@ -137,7 +147,8 @@ def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[
     cfg: dict[str, object] = {
         "architectures": [_IMPORTER[spec.arch].architectures[1 if spec.arch == "granitemoe" and spec.shared_ffn
                                                              else 0]],
-        "model_type": "granitemoeshared" if spec.arch == "granitemoe" and spec.shared_ffn else spec.arch,
+        "model_type": "granitemoeshared" if spec.arch == "granitemoe" and spec.shared_ffn
+        else _IMPORTER[spec.arch].model_types[0],
         "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
         "intermediate_size": family.pop("intermediate_size"),
@@ -224,6 +235,13 @@ def _replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+def _windows(arch: str, layers: int, window: int | None) -> tuple[int, ...]:
+    """Mistral: every layer; gpt-oss: the even layers (its layer_types, sliding first)."""
+    if not window:
+        return ()
+    return tuple(window if arch == "mistral" or i % 2 == 0 else 0 for i in range(layers))
+
+
 def _features(arch: str, ffn: int, shared_ffn: int | None, dense_ffn: int | None,
               dense_layers: tuple[int, ...] | list[int] | None, norm_topk_prob: bool | None,
               routed_scale: float) -> dict[str, object]:
@@ -233,6 +251,9 @@ def _features(arch: str, ffn: int, shared_ffn: int | None, dense_ffn: int | None
         out.update(norm_topk_prob=True, shared_ffn=shared_ffn or 0)
     elif arch in ("qwen2", "qwen3"):
         out.update(qkv_bias=True) if arch == "qwen2" else out.update(qk_norm="head")
+    elif arch == "gpt-oss":
+        out.update(norm_topk_prob=True, qkv_bias=True, o_bias=True, attn_sinks=True, expert_bias=True,
+                   swiglu_limit=7.0)
     if arch == "qwen2_moe":
         shared = 2 * ffn if shared_ffn is None else shared_ffn
         out.update(qkv_bias=True, shared_ffn=shared, shared_gate=shared > 0,
@@ -256,7 +277,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
                      rope_theta: float = 1e6, max_position: int = 4096, heavy_tail: bool = False,
                      shards: int = 1, shared_ffn: int | None = None, dense_ffn: int | None = None,
                      dense_layers: tuple[int, ...] | list[int] | None = None, norm_topk_prob: bool | None = None,
-                     routed_scale: float = 1.0) -> Path:
+                     routed_scale: float = 1.0, sliding_window: int | None = None) -> Path:
     """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed.
 
     `arch` picks the HF family (names and config keys); its features take the family's typical values
@@ -269,6 +290,10 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
     if arch in ("mixtral", "olmoe", *DENSE_ARCHES) and (dense_layers or shared_ffn):
         raise ValueError(f"synth: {arch} has no dense layers or shared experts")
+    if sliding_window is not None and arch not in ("mistral", "gpt-oss"):
+        raise ValueError(f"synth: {arch} has no sliding window (mistral and gpt-oss have)")
+    if arch == "gpt-oss" and (dense_layers or shared_ffn):
+        raise ValueError("synth: gpt-oss has no dense layers or shared experts")
     if arch in DENSE_ARCHES:  # every layer dense, of width ffn; no router, no experts
         dense_layers, dense_ffn, experts, top_k = list(range(layers)), ffn, 1, 1
     if dtype not in DTYPES:
@@ -280,6 +305,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         head_dim=head_dim if head_dim is not None else hidden // max(heads, 1), ffn=ffn, n_experts=experts,
         top_k=top_k, rms_eps=RMS_EPS, rope_theta=float(rope_theta), tied=bool(tie), max_position=max_position,
         **_features(arch, ffn, shared_ffn, dense_ffn, dense_layers, norm_topk_prob, routed_scale),
+        sliding_window=_windows(arch, layers, sliding_window),
     )
     n_tensors = len(canonical_names(spec))
     if not 1 <= shards <= n_tensors:
@@ -298,7 +324,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         v = view(spec, {}, name)  # synth writes multipliers of 1 (attention_multiplier 1/sqrt(head_dim))
         if src not in fused:
             fused[src] = np.zeros(v.shape, dtype=np.float32)
-        fused[src][v.index if v.index else ...] = w
+        fused[src][v.index if v.index else ...] = w.T if v.transpose else w
     for src, w in fused.items():
         entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))
 

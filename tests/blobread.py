@@ -18,7 +18,11 @@ KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
               24: "mlp.gate", 25: "mlp.down", 26: "mlp.up",
               27: "tokenizer",  # the TOKENIZER flag: raw bytes (dtype 7, U8), the table's last entry
-              28: "params"}  # the PARAMS flag: raw bytes (U8) before the TOKENIZER entry
+              28: "params",  # the PARAMS flag: raw bytes (U8) before the TOKENIZER entry
+              # gpt-oss: ATTN_SINKS, O_BIAS, EXPERT_BIAS
+              29: "attn.sinks", 30: "attn.o_bias", 31: "moe.router_bias", 32: "gate_bias", 33: "down_bias",
+              34: "up_bias"}
+EXPERT_KINDS = ("gate", "down", "up", "gate_bias", "down_bias", "up_bias")
 TOKENIZER_FLAG, TOKENIZER_KIND, U8 = 1 << 9, 27, 7
 PARAMS_FLAG, PARAMS_KIND = 1 << 10, 28
 SECTION_KINDS = (TOKENIZER_KIND, PARAMS_KIND)
@@ -61,7 +65,7 @@ def entries(raw: bytes) -> list[dict]:
 
 def canonical_name(e: dict) -> str:
     kind = KIND_NAMES[e["kind"]]
-    if kind in ("gate", "down", "up"):
+    if kind in EXPERT_KINDS:
         return f"layers.{e['layer']}.moe.experts.{e['expert']}.{kind}"
     if kind in ("embed", "rope_freq", "final_norm", "lm_head", "tokenizer", "params"):
         return kind
@@ -138,7 +142,7 @@ class BlobWeights(dict):
                 continue
             name = canonical_name(e)
             w = dequantize(raw, e)
-            self[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias")) else w
+            self[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias", "sinks")) else w
             if is_q8(raw, e):
                 self._q8.add(name)
             if e["n_outliers"]:

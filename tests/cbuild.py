@@ -69,6 +69,13 @@ SEEDS = {
                        top_k=2, vocab=24, seed=32), dict(quant="f16", max_seq=5)),
     "olmoe": (dict(arch="olmoe", layers=1, hidden=16, ffn=8, heads=2, kv_heads=2, experts=3, top_k=2, vocab=24,
                    seed=33), dict(quant="int8", group_size=8, max_seq=5)),
+    # a parameters section: Mistral's sliding window (3) with a ring KV cache of 3 + 2 - 1 rows under max_seq 8
+    "mistral_sliding": (dict(arch="mistral", layers=2, hidden=16, ffn=16, heads=2, kv_heads=1, experts=1, top_k=1,
+                             vocab=24, seed=35, sliding_window=3), dict(quant="int8c", max_seq=8, prefill_block=2)),
+    # gpt-oss: sinks, o/q/k/v biases, router and expert biases, the clamped SwiGLU's f32 parameters, a sliding
+    # layer then a full one
+    "gpt_oss": (dict(arch="gpt-oss", layers=2, hidden=16, ffn=16, heads=2, kv_heads=1, experts=3, top_k=2,
+                     vocab=24, seed=36, sliding_window=3), dict(quant="int8c", max_seq=8, prefill_block=2)),
     "deepseek": (dict(arch="deepseek", layers=2, hidden=16, ffn=8, heads=2, kv_heads=2, experts=4, top_k=2,
                       vocab=24, seed=34, shared_ffn=16, dense_layers=[0], dense_ffn=24, routed_scale=2.5),
                  dict(quant="int8c", max_seq=5)),

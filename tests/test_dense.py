@@ -36,7 +36,7 @@ CASES = {
     "llama": ("LlamaConfig", dict(_BASE, head_dim=12, tie_word_embeddings=True, rope_parameters=dict(
         rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=16))),
-    # sliding window of 64 >= every sequence here (max_position is capped at the window)
+    # sliding window of 64 >= every sequence here (tests/test_sliding.py runs sequences past a window)
     "mistral": ("MistralConfig", dict(_BASE, sliding_window=64, rope_parameters=dict(rope_type="default",
                                                                                       rope_theta=10000.0))),
     "qwen2": ("Qwen2Config", dict(_BASE, rope_parameters=dict(rope_type="default", rope_theta=1e6))),
@@ -89,7 +89,7 @@ def test_spec_features(dense_ckpts):
         assert spec.all_dense and spec.dense_ffn == 48 and spec.arch == f, f
         assert not any(n.startswith("layers.0.moe") for n in canonical_names(spec)), f
     assert s["llama"].rope_type == "llama3" and s["llama"].head_dim == 12 and s["llama"].tied
-    assert s["mistral"].max_position == 64
+    assert s["mistral"].max_position == 128 and s["mistral"].sliding_window == (64, 64)
     assert s["qwen2"].qkv_bias and s["qwen3"].qk_norm == "head" and s["qwen3"].head_dim == 16
 
 
@@ -147,7 +147,7 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
 @pytest.mark.parametrize("cfg, key", [
     ({**LLAMA, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
     ({**LLAMA, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters"),
-    ({**LLAMA, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
+    ({**LLAMA, "rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
     ({**LLAMA, "rope_parameters": {"rope_type": "no-such-rope", "rope_theta": 1e4}}, "rope_parameters"),
     ({**LLAMA, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.low_freq_factor"),

@@ -144,8 +144,8 @@ def test_invalid_config_json(tmp_path):
 
 def test_unknown_architecture(tmp_path):
     ck = tiny(tmp_path / "m")
-    patch_config(ck, architectures=["GptOssForCausalLM"])
-    with raises(ck / "config.json", "GptOssForCausalLM", "MixtralForCausalLM"):
+    patch_config(ck, architectures=["Phi3ForCausalLM"])
+    with raises(ck / "config.json", "Phi3ForCausalLM", "MixtralForCausalLM"):
         open_checkpoint(ck)
 
 
@@ -153,8 +153,8 @@ def test_model_type_without_architectures(tmp_path):
     ck = tiny(tmp_path / "m")
     patch_config(ck, architectures=...)
     assert open_checkpoint(ck).spec.arch == "mixtral"
-    patch_config(ck, model_type="gpt_oss")
-    with raises(ck / "config.json", "gpt_oss"):
+    patch_config(ck, model_type="phi3")
+    with raises(ck / "config.json", "phi3"):
         open_checkpoint(ck)
 
 

@@ -41,6 +41,9 @@ EXPECTED = {
     "entry_field": {S["OK"], S["TENSOR_BOUNDS"], S["BAD_TENSOR"], S["DTYPE"]},
     "plan_field": {S["OK"], S["BAD_PLAN"], S["BAD_HEADER"]},
     "dense_map": {S["BAD_HEADER"], S["BAD_TENSOR"]},
+    # a record of the parameters section (FORMAT.md "Parameters"): an unknown key is a newer feature, a broken
+    # order, index, key/flag pairing or f32 the header's; a changed window resizes the KV cache (the plan's)
+    "params_record": {S["OK"], S["VERSION"], S["BAD_HEADER"], S["BAD_PLAN"]},
     "truncate": {-1, S["OK"], S["TRUNCATED"], S["TENSOR_BOUNDS"]},
     "stale_crc": _ANY - {S["BAD_MAGIC"], S["VERSION"]},
     **dict.fromkeys(("bitflip", "bitflip_head", "garbage", "header_field", "two_fields"), _ANY),
@@ -62,13 +65,30 @@ def _set_field(b: bytearray, off: int, fmt: str, rng) -> None:
     struct.pack_into("<" + fmt, b, off, values[rng.integers(len(values))])
 
 
+def _params_bytes(blob: bytes) -> tuple[int, int] | None:
+    """(data_off, bytes) of the PARAMS entry (FORMAT.md "Parameters"), None without the PARAMS flag."""
+    h = header(blob)
+    if not h["flags"] & 1 << 10:
+        return None
+    e = entry_offset(h["n_tensors"] - (2 if h["flags"] & 1 << 9 else 1))
+    return struct.unpack_from("<Q", blob, e + 32)[0], struct.unpack_from("<I", blob, e + 8)[0]
+
+
 def mutate(blob: bytes, rng) -> tuple[str, bytes]:
     """One random mutation of a valid blob: (kind, bytes)."""
     b = bytearray(blob)
     h = header(blob)
     table_end = entry_offset(h["n_tensors"])
-    kind = ["bitflip", "bitflip_head", "truncate", "extend", "garbage", "header_field", "entry_field",
-            "plan_field", "two_fields", "dense_map", "stale_crc"][rng.integers(11)]
+    kinds = ["bitflip", "bitflip_head", "truncate", "extend", "garbage", "header_field", "entry_field",
+             "plan_field", "two_fields", "dense_map", "stale_crc"]
+    params = _params_bytes(blob)
+    kind = (kinds + ["params_record"] * 2)[rng.integers(len(kinds) + 2)] if params else kinds[rng.integers(len(kinds))]
+    if kind == "params_record":  # one record's key, index or value set to an extreme, the CRC kept matching
+        start, n = params
+        off, fmt = [(0, "H"), (2, "H"), (4, "I")][rng.integers(3)]
+        _set_field(b, start + 8 * int(rng.integers(n // 8)) + off, fmt, rng)
+        struct.pack_into("<I", b, 8, zlib.crc32(bytes(b[12:])))
+        return kind, bytes(b)
     if kind == "stale_crc":  # flips in the tensor data, the CRC left as it was: only the CRC can tell
         for _ in range(int(rng.integers(1, 17))):
             bit = int(rng.integers(table_end * 8, len(b) * 8))

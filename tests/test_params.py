@@ -22,6 +22,12 @@ from cbuild import ASAN, FUZZ_SRC, SCALAR, compile_c, run_files
 S = {"OK": 0, "VERSION": 3, "BAD_HEADER": 6, "TENSOR_BOUNDS": 7, "BAD_TENSOR": 8}
 ENTRY = "<HHHBBIIIIIIQQQQ"
 UNKNOWN_KEY = 31  # reserved for this feature group, known to no runtime yet
+SW, SW_FLAG = 1, 1 << 11  # FORMAT.md: parameter key SLIDING_WINDOW, flag SLIDING_WINDOW
+CLAMP = 1 << 17  # FORMAT.md: flag CLAMPED_SWIGLU
+
+
+def F32(x: float) -> int:  # noqa: N802 (an f32 parameter's record value: its IEEE bits)
+    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def _align(n: int) -> int:
@@ -121,6 +127,24 @@ def bad_sections(seed: bytes) -> dict[str, tuple[bytes, str]]:
         "misaligned": (with_params(seed, records((k, 0, 5)), off_delta=8), "TENSOR_BOUNDS"),
         "flag_without_entry": (with_params(seed, b"", entry=False), "BAD_TENSOR"),
         "entry_without_flag": (with_params(seed, records((k, 0, 5)), flag=False), "BAD_TENSOR"),
+        # SLIDING_WINDOW (key 1, per layer, flag bit 11) on the two-layer seed; a window of max_seq keeps the plan
+        "window_valid": (with_params(seed, records((SW, 0, 6), (SW, 1, 6)), extra_flags=SW_FLAG), "OK"),
+        "window_one_layer": (with_params(seed, records((SW, 1, 6)), extra_flags=SW_FLAG), "OK"),
+        "window_index_past_layers": (with_params(seed, records((SW, 0, 6), (SW, 2, 6)), extra_flags=SW_FLAG),
+                                     "BAD_HEADER"),
+        "window_without_flag": (with_params(seed, records((SW, 0, 6))), "BAD_HEADER"),
+        "window_flag_without_params": (with_params(seed, b"", entry=False, flag=False, extra_flags=SW_FLAG),
+                                       "BAD_HEADER"),
+        "window_then_unknown_key": (with_params(seed, records((SW, 0, 6), (k, 0, 1)), extra_flags=SW_FLAG),
+                                    "VERSION"),
+        # CLAMPED_SWIGLU (flag bit 17) requires its two global f32 keys, SWIGLU_ALPHA (2) and SWIGLU_LIMIT (3)
+        "swiglu_valid": (with_params(seed, records((2, 0, F32(1.702)), (3, 0, F32(7.0))), extra_flags=CLAMP),
+                         "OK"),
+        "swiglu_without_limit": (with_params(seed, records((2, 0, F32(1.702))), extra_flags=CLAMP), "BAD_HEADER"),
+        "swiglu_limit_nan": (with_params(seed, records((2, 0, F32(1.702)), (3, 0, 0x7FC00000)), extra_flags=CLAMP),
+                             "BAD_HEADER"),
+        "swiglu_global_index_1": (with_params(seed, records((2, 1, F32(1.702)), (3, 0, F32(7.0))),
+                                              extra_flags=CLAMP), "BAD_HEADER"),
     }
 
 
@@ -156,3 +180,17 @@ def test_format_tables_name_the_section():
     tail = [k for k, _ in fmt.GLOBAL_TAIL]
     assert tail.index("PARAMS") == tail.index("TOKENIZER") - 1
     assert all(1 <= p.code <= 63 and p.type in fmt.PARAM_TYPES and p.flag in fmt.FLAG for p in fmt.PARAMS)
+
+
+def test_window_section_read_back(seed, tmp_path):
+    blob = with_params(seed, records((SW, 0, 6), (SW, 1, 5)), extra_flags=SW_FLAG)
+    assert params_records(blob) == [(SW, 0, 6), (SW, 1, 5)]
+    got = fmt.read_params(records((SW, 0, 6), (SW, 1, 5)), 2, PARAMS_FLAG | SW_FLAG)
+    assert [(p.name, i, v) for p, i, v in got] == [("SLIDING_WINDOW", 0, 6), ("SLIDING_WINDOW", 1, 5)]
+    with pytest.raises(ValueError, match="index 2 out of range"):
+        fmt.read_params(records((SW, 2, 6)), 2, PARAMS_FLAG | SW_FLAG)
+    with pytest.raises(ValueError, match="without its flag SLIDING_WINDOW"):
+        fmt.read_params(records((SW, 0, 6)), 2, PARAMS_FLAG)
+    path = tmp_path / "model.bin"
+    path.write_bytes(blob)
+    assert "    SLIDING_WINDOW: layer 0 6, layer 1 5" in format_report(inspect(path)).splitlines()

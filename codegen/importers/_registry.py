@@ -21,6 +21,7 @@ class View:
     shape: tuple[int, ...]
     index: tuple[Any, ...] = ()
     scale: float = 1.0
+    transpose: bool = False  # the selected 2-D block is stored (in, out): the canonical tensor is its transpose
 
 
 @dataclass(frozen=True)

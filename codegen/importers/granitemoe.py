@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..rope import rope_fields
 from ..spec import ModelSpec, canonical_shape
 from . import _hf
 from ._registry import Importer, View, register
-from .dense import rope_fields
 
 ARCHITECTURES = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 MODEL_TYPES = ("granitemoe", "granitemoeshared")

@@ -60,17 +60,23 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
- * token of a prefill block; the caches hold n_layers * max_seq rows of cb_kv_row_bytes, and with a
- * 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
-static void cb_buffer_bytes(const cb_model *m, uint64_t n[CB_N_BUFFERS])
+ * token of a prefill block; the caches hold each layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and
+ * with a 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
+static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
     uint64_t kvdim = cb_mul(m->n_kv_heads, m->head_dim), b = m->block;
     uint64_t qdim = cb_add(cb_mul(m->n_heads, m->head_dim), m->flags & CB_FLAG_KV ? cb_mul(2, kvdim) : 0);
-    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = cb_mul(cb_mul(m->n_layers, m->max_seq), cb_kv_row_bytes(m));
+    uint64_t positions = cb_mul(m->n_layers, m->max_seq);
+    if (m->flags & CB_FLAG_SLIDING_WINDOW) { /* the parameters were checked before anything is sized */
+        positions = 0;
+        for (uint32_t l = 0; l < m->n_layers; l++)
+            positions = cb_add(positions, cb_kv_layer_rows(cb_layer_window(blob, m, l), m));
+    }
+    n[CB_BUF_KEY_CACHE] = n[CB_BUF_VALUE_CACHE] = cb_mul(positions, cb_kv_row_bytes(m));
     n[CB_BUF_X] = n[CB_BUF_XB] = n[CB_BUF_MOE] = cb_mul(b, m->hidden);
     n[CB_BUF_Q] = cb_mul(b, qdim);
     n[CB_BUF_ATT] = cb_mul(b, cb_mul(m->n_heads, m->head_dim));
-    n[CB_BUF_SCORES] = m->max_seq;
+    n[CB_BUF_SCORES] = (uint64_t)m->max_seq + (m->flags & CB_FLAG_ATTN_SINKS ? 1 : 0); /* a sink: one more */
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
@@ -264,7 +270,7 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
     CB_TRY(cb_check_params(v));
     uint64_t bytes[CB_N_BUFFERS];
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(b, m, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
     if (bytes[CB_BUF_KEY_CACHE] >= SIZE_MAX || bytes[CB_BUF_Q] >= SIZE_MAX
         || cb_rd64(b + CB_H_ARENA_BYTES) >= SIZE_MAX || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
@@ -353,6 +359,28 @@ static colibri_status cb_check_mlp(cb_check *v, size_t i, const unsigned kind[3]
     return cb_check_entry(v, i + CB_MLP_UP, kind[CB_MLP_UP], l, e, w, d, DT_ANY);
 }
 
+/* gpt-oss's vectors of layer l (its first table index base): the output bias, the heads' sinks, the router's
+ * bias and each expert's gate, down and up biases, F32, where the flags put them. */
+static colibri_status cb_check_gpt_oss(cb_check *v, size_t base, const cb_slots *s, uint32_t l)
+{
+    const cb_model *m = v->m;
+    const uint64_t d = m->hidden;
+    if (s->o_bias != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->o_bias, CB_KIND_BO, l, 0, 1, d, DT(CB_F32)));
+    if (s->sinks != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->sinks, CB_KIND_SINKS, l, 0, 1, m->n_heads, DT(CB_F32)));
+    if (s->router_bias != CB_NO_SLOT)
+        CB_TRY(cb_check_entry(v, base + s->router_bias, CB_KIND_ROUTER_BIAS, l, 0, 1, m->n_experts, DT(CB_F32)));
+    if (s->expert_bias != CB_NO_SLOT)
+        for (uint32_t e = 0; e < m->n_experts; e++) {
+            size_t i = base + s->expert_bias + (size_t)CB_MLP_TENSORS * e;
+            CB_TRY(cb_check_entry(v, i + CB_MLP_GATE, CB_KIND_B_GATE, l, e, 1, m->ffn, DT(CB_F32)));
+            CB_TRY(cb_check_entry(v, i + CB_MLP_DOWN, CB_KIND_B_DOWN, l, e, 1, d, DT(CB_F32)));
+            CB_TRY(cb_check_entry(v, i + CB_MLP_UP, CB_KIND_B_UP, l, e, 1, m->ffn, DT(CB_F32)));
+        }
+    return COLIBRI_OK;
+}
+
 /* Every entry, in table order, against the kind, shape and dtypes its place in the table implies. */
 static colibri_status cb_check_tensors(cb_check *v)
 {
@@ -397,6 +425,7 @@ static colibri_status cb_check_tensors(cb_check *v)
             CB_TRY(cb_check_entry(v, base + s.shared_gate, CB_KIND_SHARED_EXPERT_GATE, l, 0, 1, d, DT(CB_F32)));
         if (s.shared != CB_NO_SLOT)
             CB_TRY(cb_check_mlp(v, base + s.shared, shared_kinds, l, 0, m->shared_ffn));
+        CB_TRY(cb_check_gpt_oss(v, base, &s, l));
         base += s.n_tensors;
     }
     CB_TRY(cb_check_entry(v, base, CB_KIND_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
@@ -420,7 +449,7 @@ static colibri_status cb_check_plan(cb_check *v)
     const int n_buffers = (int)m->n_buffers;
     if (cb_rd32(b + CB_H_N_BUFFERS) != m->n_buffers)
         return CB_BAD(COLIBRI_E_BAD_PLAN); /* n_buffers: not what the flags imply */
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(b, m, bytes);
     for (int i = 0; i < n_buffers; i++) {
         off[i] = cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * (size_t)i);
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)

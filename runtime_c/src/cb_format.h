@@ -92,9 +92,14 @@
 #define CB_FLAG_ROUTED_SCALE (1u << 8)
 #define CB_FLAG_TOKENIZER (1u << 9)
 #define CB_FLAG_PARAMS (1u << 10)
+#define CB_FLAG_SLIDING_WINDOW (1u << 11)
+#define CB_FLAG_ATTN_SINKS (1u << 12)
+#define CB_FLAG_O_BIAS (1u << 13)
+#define CB_FLAG_EXPERT_BIAS (1u << 16)
+#define CB_FLAG_CLAMPED_SWIGLU (1u << 17)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
-#define CB_FLAGS_KNOWN 0xC7FFu
+#define CB_FLAGS_KNOWN 0x3FFFFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -116,14 +121,17 @@
 #define CB_PARAM_RECORD_BYTES 8u
 #define CB_PARAM_U32 0u
 #define CB_PARAM_F32 1u
-#define CB_PARAM_FLAGS 0x0u /* flags whose feature reads parameters */
+#define CB_PARAM_SLIDING_WINDOW 1u /* u32, per layer */
+#define CB_PARAM_SWIGLU_ALPHA 2u /* f32, global */
+#define CB_PARAM_SWIGLU_LIMIT 3u /* f32, global */
+#define CB_PARAM_FLAGS 0x20800u /* flags whose feature reads parameters */
 typedef struct cb_param_def {
     uint16_t key;
     uint8_t type, per_layer, required; /* required: its flag needs at least one record of it */
     uint32_t flag;
 } cb_param_def;
 /* every key this runtime knows, then a key-0 end mark */
-#define CB_PARAM_DEFS { {0u, 0u, 0u, 0u, 0u} }
+#define CB_PARAM_DEFS { {1u, CB_PARAM_U32, 1u, 1u, CB_FLAG_SLIDING_WINDOW}, {2u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {3u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {0u, 0u, 0u, 0u, 0u} }
 
 /* tensor kinds */
 enum cb_kind {
@@ -155,6 +163,12 @@ enum cb_kind {
     CB_KIND_MLP_UP = 26,
     CB_KIND_TOKENIZER = 27,
     CB_KIND_PARAMS = 28,
+    CB_KIND_SINKS = 29,
+    CB_KIND_BO = 30,
+    CB_KIND_ROUTER_BIAS = 31,
+    CB_KIND_B_GATE = 32,
+    CB_KIND_B_DOWN = 33,
+    CB_KIND_B_UP = 34,
 };
 
 /* table indices of the global tensors before the layers; the layers start at CB_FIRST_LAYER */
@@ -176,7 +190,7 @@ enum cb_kind {
  * or the layer's kind (dense MLP or MoE) leave a slot out. */
 #define CB_NO_SLOT UINT32_MAX
 typedef struct cb_slots {
-    uint32_t attn_norm, wq, wk, wv, wo, qkv_bias, qk_norm, ffn_norm, mlp, router, experts, shared_gate, shared;
+    uint32_t attn_norm, wq, wk, wv, wo, qkv_bias, qk_norm, ffn_norm, mlp, router, experts, shared_gate, shared, o_bias, sinks, router_bias, expert_bias;
     uint32_t n_tensors; /* entries of the layer */
 } cb_slots;
 
@@ -231,6 +245,26 @@ static inline cb_slots cb_layer_slots(uint32_t flags, uint32_t n_experts, int de
     if (!dense && (flags & CB_FLAG_SHARED_EXPERT)) {
         s.shared = n;
         n += 3u;
+    }
+    s.o_bias = CB_NO_SLOT;
+    if ((flags & CB_FLAG_O_BIAS)) {
+        s.o_bias = n;
+        n += 1u;
+    }
+    s.sinks = CB_NO_SLOT;
+    if ((flags & CB_FLAG_ATTN_SINKS)) {
+        s.sinks = n;
+        n += 1u;
+    }
+    s.router_bias = CB_NO_SLOT;
+    if (!dense && (flags & CB_FLAG_EXPERT_BIAS)) {
+        s.router_bias = n;
+        n += 1u;
+    }
+    s.expert_bias = CB_NO_SLOT;
+    if (!dense && (flags & CB_FLAG_EXPERT_BIAS)) {
+        s.expert_bias = n;
+        n += 3u * n_experts;
     }
     s.n_tensors = n;
     return s;

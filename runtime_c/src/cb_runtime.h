@@ -174,6 +174,20 @@ static inline uint32_t cb_param_u32(const uint8_t *blob, const cb_model *m, unsi
     return 0;
 }
 
+/* Layer l's attention window (FORMAT.md "Parameters" SLIDING_WINDOW), 0 for full attention. */
+static inline uint32_t cb_layer_window(const uint8_t *blob, const cb_model *m, uint32_t l)
+{
+    return (m->flags & CB_FLAG_SLIDING_WINDOW) ? cb_param_u32(blob, m, CB_PARAM_SLIDING_WINDOW, l) : 0;
+}
+
+/* Positions layer l's KV cache holds (FORMAT.md "KV cache"): max_seq, or a sliding-window layer's ring of
+ * window + block - 1 when that is less (the block's new rows never overwrite a row its queries read). */
+static inline uint64_t cb_kv_layer_rows(uint32_t window, const cb_model *m)
+{
+    uint64_t ring = (uint64_t)window + m->block - 1;
+    return window && ring < m->max_seq ? ring : m->max_seq;
+}
+
 static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
 
 /* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. int4 has

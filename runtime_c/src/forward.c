@@ -205,12 +205,29 @@ static void cb_qk(const colibri_ctx *c, size_t base, const cb_slots *s, float *q
     cb_rotary(q, CB_N_HEADS(c), k, CB_N_KV_HEADS(c), hd, cb_vector(c, CB_T_ROPE_FREQ), pos);
 }
 
-/* Layer l's cache rows (value: the value cache, else the key cache) from position pos: cb_kv_row_bytes
- * each, in the precision the blob's flags say (FORMAT.md "KV cache"). */
-static uint8_t *cb_kv_rows(const colibri_ctx *c, int value, size_t l, size_t pos)
+/* One layer's KV cache (FORMAT.md "KV cache"): its key and value rows (cb_kv_row_bytes each) from the
+ * layer's first, `rows` positions (position p in row p % rows: a ring when the layer's window makes it
+ * shorter than max_seq), and the window (0: full attention). */
+typedef struct cb_kv_layer {
+    uint8_t *keys, *values;
+    size_t rows, window;
+} cb_kv_layer;
+
+/* Layer l's cache, its first row `first` rows into the caches (the rows of the layers before it). */
+static cb_kv_layer cb_kv_layer_at(const colibri_ctx *c, size_t l, size_t first)
 {
-    uint8_t *cache = (uint8_t *)c->buf[value ? CB_BUF_VALUE_CACHE : CB_BUF_KEY_CACHE];
-    return cache + (l * CB_MAX_SEQ(c) + pos) * (size_t)cb_kv_row_bytes(&c->m);
+    const size_t row = (size_t)cb_kv_row_bytes(&c->m);
+    const uint32_t window = cb_layer_window(c->blob, &c->m, (uint32_t)l);
+    cb_kv_layer kv = {(uint8_t *)c->buf[CB_BUF_KEY_CACHE] + first * row,
+                      (uint8_t *)c->buf[CB_BUF_VALUE_CACHE] + first * row,
+                      (size_t)cb_kv_layer_rows(window, &c->m), window};
+    return kv;
+}
+
+/* The row of position pos in a layer's key (or, value: value) cache. */
+static uint8_t *cb_kv_rows(const colibri_ctx *c, const cb_kv_layer *kv, int value, size_t pos)
+{
+    return (value ? kv->values : kv->keys) + pos % kv->rows * (size_t)cb_kv_row_bytes(&c->m);
 }
 
 /* One position's new keys (or values) k, f32, into its row of a 16- or 8-bit cache. */
@@ -228,13 +245,40 @@ static void cb_kv_store(const colibri_ctx *c, uint8_t *row, const float *k)
         cb_kv_quantize(k + h * hd, hd, (int8_t *)row + h * hd, scale + h);
 }
 
-/* Step 3: causal attention of position pos (query q) over the cached keys/values 0..pos, into att */
-static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_all, float *att_all)
+/* out[i] += the weighted rows (kernel WR, the attention's cb_weighted_rows of a cache type) for i < hd,
+ * eight outputs at a time through a register-sized temporary: the second part of a ring's positions */
+#define CB_ADD_WEIGHTED(WR, out, w, rows, stride, n, hd)                                                  \
+    do {                                                                                                  \
+        for (size_t i0_ = 0; i0_ < (hd); i0_ += 8) {                                                      \
+            float t_[8];                                                                                  \
+            size_t len_ = (hd) - i0_ < 8 ? (hd) - i0_ : 8;                                                \
+            WR(t_, w, (rows) + i0_, stride, n, len_);                                                     \
+            for (size_t l_ = 0; l_ < len_; l_++)                                                          \
+                (out)[i0_ + l_] += t_[l_];                                                                \
+        }                                                                                                 \
+    } while (0)
+
+/* softmax of the n scores, with the head's sink (gpt-oss, ATTN_SINKS) as one more logit: scores[n], then
+ * dropped (its weight goes to no value) */
+static void cb_softmax_sink(float *scores, size_t n, const float *sinks, size_t h)
+{
+    if (sinks)
+        scores[n] = sinks[h];
+    cb_softmax(scores, n + (sinks != NULL));
+}
+
+/* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att: the
+ * positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding window:
+ * keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
+static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *sinks,
+                         const float *q_all, float *att_all)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
     const uint32_t kv_type = CB_KV(c);
-    const uint8_t *keys = cb_kv_rows(c, 0, l, 0), *values = cb_kv_rows(c, 1, l, 0);
+    const size_t lo = kvl->window && pos >= kvl->window ? pos + 1 - kvl->window : 0, n = pos + 1 - lo;
+    const size_t r0 = lo % kvl->rows, n1 = n < kvl->rows - r0 ? n : kvl->rows - r0, n2 = n - n1;
+    const uint8_t *keys = kvl->keys, *values = kvl->values;
     const size_t row = (size_t)cb_kv_row_bytes(&c->m), scale_at = (kvdim + 3) / 4 * 4; /* int8: the scales */
     const float scale = 1.0f / cb_sqrtf((float)hd);
     float *scores = c->buf[CB_BUF_SCORES];
@@ -243,23 +287,37 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
         float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
         if (kv_type & CB_FLAG_KV_F16) {
-            const uint16_t *k16 = (const uint16_t *)(const void *)keys, *v16 = (const uint16_t *)(const void *)values;
-            cb_scores_f16(scores, q, k16 + kv, row / 2, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            cb_weighted_rows_f16(att, scores, v16 + kv, row / 2, pos + 1, hd);
+            const uint16_t *k16 = (const uint16_t *)(const void *)keys + kv, *v16 = (const uint16_t *)(const void *)values + kv;
+            const size_t st = row / 2;
+            cb_scores_f16(scores, q, k16 + r0 * st, st, n1, hd, scale);
+            if (n2)
+                cb_scores_f16(scores + n1, q, k16, st, n2, hd, scale);
+            cb_softmax_sink(scores, n, sinks, h);
+            cb_weighted_rows_f16(att, scores, v16 + r0 * st, st, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows_f16, att, scores + n1, v16, st, n2, hd);
         } else if (kv_type & CB_FLAG_KV_INT8) {
             const float *ks = (const float *)(const void *)(keys + scale_at) + h / group;
             const float *vs = (const float *)(const void *)(values + scale_at) + h / group;
-            cb_scores_i8(scores, q, (const int8_t *)keys + kv, row, ks, row / 4, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            for (size_t t = 0; t <= pos; t++) /* each position's value scale folded into its weight */
-                scores[t] = scores[t] * vs[t * (row / 4)];
-            cb_weighted_rows_i8(att, scores, (const int8_t *)values + kv, row, pos + 1, hd);
+            const int8_t *k8 = (const int8_t *)keys + kv, *v8 = (const int8_t *)values + kv;
+            cb_scores_i8(scores, q, k8 + r0 * row, row, ks + r0 * (row / 4), row / 4, n1, hd, scale);
+            if (n2)
+                cb_scores_i8(scores + n1, q, k8, row, ks, row / 4, n2, hd, scale);
+            cb_softmax_sink(scores, n, sinks, h);
+            for (size_t t = 0; t < n; t++) /* each position's value scale folded into its weight */
+                scores[t] = scores[t] * vs[(t < n1 ? r0 + t : t - n1) * (row / 4)];
+            cb_weighted_rows_i8(att, scores, v8 + r0 * row, row, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows_i8, att, scores + n1, v8, row, n2, hd);
         } else {
-            const float *k32 = (const float *)(const void *)keys, *v32 = (const float *)(const void *)values;
-            cb_scores(scores, q, k32 + kv, kvdim, pos + 1, hd, scale);
-            cb_softmax(scores, pos + 1);
-            cb_weighted_rows(att, scores, v32 + kv, kvdim, pos + 1, hd);
+            const float *k32 = (const float *)(const void *)keys + kv, *v32 = (const float *)(const void *)values + kv;
+            cb_scores(scores, q, k32 + r0 * kvdim, kvdim, n1, hd, scale);
+            if (n2)
+                cb_scores(scores + n1, q, k32, kvdim, n2, hd, scale);
+            cb_softmax_sink(scores, n, sinks, h);
+            cb_weighted_rows(att, scores, v32 + r0 * kvdim, kvdim, n1, hd);
+            if (n2)
+                CB_ADD_WEIGHTED(cb_weighted_rows, att, scores + n1, v32, kvdim, n2, hd);
         }
     }
 }
@@ -267,8 +325,33 @@ static void cb_attention(colibri_ctx *c, size_t l, size_t pos, const float *q_al
 /* out[j] += alpha[j] * down(silu(gate xb[j]) * up xb[j]) for n tokens: the MLP whose gate is at table
  * index i (CB_MLP_GATE, CB_MLP_DOWN, CB_MLP_UP from there), of width w, its gate and up rows in the
  * buffers gate and up. */
-static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
-                   size_t w, float *const *out, const float *alpha)
+/* v[i] += alpha * b[i] for i < n */
+static void cb_add_vector(float *v, const float *b, float alpha, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] += alpha * b[i];
+}
+
+/* What changes a routed expert (gpt-oss): its biases (table index of its B_GATE, 0: none) and, with clamp,
+ * the clamped SwiGLU's gain and limit instead of SiLU. */
+typedef struct cb_expert_extra {
+    size_t bias;
+    int clamp;
+    float alpha, limit;
+} cb_expert_extra;
+
+/* gpt-oss's clamped SwiGLU into g (FORMAT.md CLAMPED_SWIGLU): NaN compares false, so it stays NaN */
+static void cb_clamped_swiglu(float *g, const float *u, size_t n, float alpha, float limit)
+{
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] > limit ? limit : g[i];
+        float ui = u[i] > limit ? limit : u[i] < -limit ? -limit : u[i];
+        g[i] = (ui + 1.0f) * (gi / (1.0f + cb_expf(-(gi * alpha))));
+    }
+}
+
+static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                     size_t w, float *const *out, const float *alpha, const cb_expert_extra *x)
 {
     float *g[CB_MAX_BLOCK] = {NULL}, *u[CB_MAX_BLOCK] = {NULL};
     cb_xq xq[CB_MAX_BLOCK];
@@ -277,9 +360,26 @@ static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const 
     const cb_xq *xbq = cb_quantize(c, xb, n, CB_HIDDEN(c), xq);
     cb_mm(c, i + CB_MLP_GATE, n, xb, xbq, g, cb_ones, 0);
     cb_mm(c, i + CB_MLP_UP, n, xb, xbq, u, cb_ones, 0);
-    cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
+    if (x && x->bias)
+        for (size_t j = 0; j < n; j++) {
+            cb_add_vector(g[j], cb_vector(c, x->bias + CB_MLP_GATE), 1.0f, w);
+            cb_add_vector(u[j], cb_vector(c, x->bias + CB_MLP_UP), 1.0f, w);
+        }
+    if (x && x->clamp)
+        cb_clamped_swiglu(gate, up, n * w, x->alpha, x->limit);
+    else
+        cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
     const float *const *h = (const float *const *)g;
     cb_mm(c, i + CB_MLP_DOWN, n, h, cb_quantize(c, h, n, w, xq), out, alpha, 1);
+    if (x && x->bias) /* out += alpha (W h + b) */
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(out[j], cb_vector(c, x->bias + CB_MLP_DOWN), alpha[j], CB_HIDDEN(c));
+}
+
+static void cb_mlp(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
+                   size_t w, float *const *out, const float *alpha)
+{
+    cb_mlp_x(c, i, n, xb, gate, up, w, out, alpha, NULL);
 }
 
 static int cb_chosen(const size_t *chosen, size_t n, size_t e)
@@ -338,6 +438,17 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
     const float *const *xb = (const float *const *)xb_rows;
     cb_rows(c->buf[CB_BUF_ROUTER], n_exp, n, p_rows);
     cb_mm(c, base + s->router, n, xb, NULL, p_rows, cb_ones, 0); /* 7: router logits, then weights */
+    cb_expert_extra extra = {0, 0, 0.0f, 0.0f};
+    if (s->router_bias != CB_NO_SLOT) /* gpt-oss: biased logits */
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(p_rows[j], cb_vector(c, base + s->router_bias), 1.0f, n_exp);
+    if (flags & CB_FLAG_CLAMPED_SWIGLU) { /* the parameters, read once per layer and block */
+        uint32_t a = cb_param_u32(c->blob, &c->m, CB_PARAM_SWIGLU_ALPHA, 0);
+        uint32_t lim = cb_param_u32(c->blob, &c->m, CB_PARAM_SWIGLU_LIMIT, 0);
+        memcpy(&extra.alpha, &a, sizeof a);
+        memcpy(&extra.limit, &lim, sizeof lim);
+        extra.clamp = 1;
+    }
     for (size_t j = 0; j < n; j++)
         cb_route(c, p_rows[j]);
 
@@ -349,9 +460,10 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
                 ys[m] = moe_rows[j];
                 alpha[m++] = p_rows[j][e];
             }
+        extra.bias = s->expert_bias != CB_NO_SLOT ? base + s->expert_bias + CB_MLP_TENSORS * e : 0;
         if (m)
-            cb_mlp(c, base + s->experts + CB_MLP_TENSORS * e, m, xs, c->buf[CB_BUF_GATE], c->buf[CB_BUF_UP], ffn,
-                   ys, alpha);
+            cb_mlp_x(c, base + s->experts + CB_MLP_TENSORS * e, m, xs, c->buf[CB_BUF_GATE], c->buf[CB_BUF_UP], ffn,
+                     ys, alpha, &extra);
     }
     for (size_t j = 0; j < n; j++)
         alpha[j] = 1.0f;
@@ -378,21 +490,25 @@ typedef struct cb_block_rows {
 
 /* Layer l (its first table index base) for the n tokens at positions pos.., each step taken by all
  * n tokens before the next: x += attention(norm(x)), then x += mlp-or-experts(norm(x)). */
-static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos, cb_block_rows *r)
+static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *kvl, size_t n, size_t pos,
+                     cb_block_rows *r)
 {
     const size_t dim = CB_HIDDEN(c), kvdim = CB_N_KV_HEADS(c) * CB_HEAD_DIM(c);
     const float eps = c->m.rms_eps;
     const int dense = cb_dense_bit(c->blob, CB_FLAGS(c), l);
     const cb_slots s = cb_layer_slots(CB_FLAGS(c), (uint32_t)CB_N_EXPERTS(c), dense);
     const float *const *xb = (const float *const *)r->xb;
+    const float *sinks = s.sinks != CB_NO_SLOT ? cb_vector(c, base + s.sinks) : NULL;
     cb_xq xq[CB_MAX_BLOCK];
     if (CB_KV(c)) { /* the new k and v rows in f32 after the q rows (FORMAT.md "Arena"), stored after rotary */
         float *staged = c->buf[CB_BUF_Q] + c->m.block * CB_N_HEADS(c) * CB_HEAD_DIM(c);
         cb_rows(staged, kvdim, n, r->k);
         cb_rows(staged + c->m.block * kvdim, kvdim, n, r->v);
-    } else {
-        cb_rows(c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->k);
-        cb_rows(c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos) * kvdim, kvdim, n, r->v);
+    } else { /* position by position: a ring's rows wrap */
+        for (size_t j = 0; j < n; j++) {
+            r->k[j] = (float *)(void *)cb_kv_rows(c, kvl, 0, pos + j);
+            r->v[j] = (float *)(void *)cb_kv_rows(c, kvl, 1, pos + j);
+        }
     }
 
     for (size_t j = 0; j < n; j++) /* 0: attention norm */
@@ -404,13 +520,16 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, size_t n, size_t pos
     for (size_t j = 0; j < n; j++) {
         cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
         if (CB_KV(c)) {
-            cb_kv_store(c, cb_kv_rows(c, 0, l, pos + j), r->k[j]);
-            cb_kv_store(c, cb_kv_rows(c, 1, l, pos + j), r->v[j]);
+            cb_kv_store(c, cb_kv_rows(c, kvl, 0, pos + j), r->k[j]);
+            cb_kv_store(c, cb_kv_rows(c, kvl, 1, pos + j), r->v[j]);
         }
-        cb_attention(c, l, pos + j, r->q[j], r->att[j]);       /* 3 */
+        cb_attention(c, kvl, pos + j, sinks, r->q[j], r->att[j]);       /* 3 */
     }
-    const float *const *att = (const float *const *)r->att; /* 4: x += Wo att */
+    const float *const *att = (const float *const *)r->att; /* 4: x += Wo att (+ the o bias) */
     cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
+    if (s.o_bias != CB_NO_SLOT)
+        for (size_t j = 0; j < n; j++)
+            cb_add_vector(r->x[j], cb_vector(c, base + s.o_bias), 1.0f, dim);
 
     for (size_t j = 0; j < n; j++) /* 6: ffn norm */
         cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.ffn_norm), dim, eps);
@@ -446,9 +565,12 @@ static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos
     cb_tensor embed = cb_tensor_at(c, CB_T_EMBED);
     for (size_t j = 0; j < n; j++)
         cb_dequant_row(&embed, (size_t)tokens[j], r.x[j]);
-    size_t base = CB_FIRST_LAYER;
-    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++)
-        cb_layer(c, l, base, n, pos, &r);
+    size_t base = CB_FIRST_LAYER, first = 0; /* the layer's first table entry and first cache row */
+    for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++) {
+        const cb_kv_layer kvl = cb_kv_layer_at(c, l, first);
+        cb_layer(c, l, base, &kvl, n, pos, &r);
+        first += kvl.rows;
+    }
 }
 
 /* Steps 10 (final norm) and 11 (lm_head, or the embedding when tied) for row j of the last block. */
