@@ -562,7 +562,7 @@ static colibri_status cb_class_ranges(const uint8_t *b, const cb_model *m, size_
     static const uint8_t cls[CB_N_BUFFERS + 1] = CB_BUFFER_CLASSES_XQ;
     uint64_t bytes[CB_N_BUFFERS + 1];
     size_t end[COLIBRI_N_CLASSES] = {0, CB_CTX_BYTES, 0};
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(b, m, bytes);
     first[COLIBRI_CLASS_KV_CACHE] = first[COLIBRI_CLASS_SCRATCH] = SIZE_MAX;
     first[COLIBRI_CLASS_ACTIVATIONS] = 0;
     uint32_t n = m->n_buffers;
