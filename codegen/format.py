@@ -152,6 +152,7 @@ class Flag:
     bit: int
     doc: str
     since: int = 1
+    runtime: bool = True  # the C runtime runs it; a flag it does not is refused as unknown (COLIBRI_E_BAD_HEADER)
 
     @property
     def mask(self) -> int:
@@ -185,9 +186,21 @@ FLAGS: tuple[Flag, ...] = (
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
                         "(see \"KV cache\"); excludes KV_F16"),
+    # DeepSeek-V2/V3 (bits 20-27). Written by the exporter's model description; not yet run by the C runtime,
+    # which refuses them as unknown flags (`colibri export` refuses such a model before writing anything).
+    Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3): KV_A, KV_A_NORM, KV_B instead of WK, WV; "
+                    "head_dim is the rope part of a head", runtime=False),
+    Flag("Q_LORA", 21, "MLA queries through a low-rank latent: Q_A, Q_A_NORM, Q_B instead of WQ; needs MLA",
+         runtime=False),
+    Flag("ROUTER_SIGMOID", 22, "router scores are sigmoid(logits); experts are chosen by score + ROUTER_BIAS, "
+                               "weighted by the score (DeepSeek-V3)", runtime=False),
+    Flag("GROUP_TOPK", 23, "group-limited top-k: the experts in n_group equal groups, top_k chosen within the "
+                           "topk_group best groups, a group scored by its best expert (by the sum of its best "
+                           "two with ROUTER_SIGMOID)", runtime=False),
 )
 FLAG = {f.name: f.mask for f in FLAGS}
-FLAGS_KNOWN = sum(f.mask for f in FLAGS)
+FLAGS_KNOWN = sum(f.mask for f in FLAGS if f.runtime)  # what the C runtime accepts
+FLAGS_DESCRIBED = sum(f.mask for f in FLAGS)
 QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
 
 # KV cache precision: the `--kv` / `KV=` names, the header flag each sets (f32: none).
@@ -272,6 +285,15 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_DOWN", 25, "layers.{L}.mlp.down", "hidden × dense_ffn", "any", "dense_mlp", since=1),
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
+    Kind("Q_A", 40, "layers.{L}.attn.q_a", "q_lora_rank × hidden", "any", "attention", since=1),
+    Kind("Q_A_NORM", 41, "layers.{L}.attn.q_a_norm", "1 × q_lora_rank", "f32", "norms", since=1),
+    Kind("Q_B", 42, "layers.{L}.attn.q_b", "n_heads·(qk_nope_head_dim + head_dim) × q_lora_rank", "any",
+         "attention", since=1),
+    Kind("KV_A", 43, "layers.{L}.attn.kv_a", "(kv_lora_rank + head_dim) × hidden", "any", "attention", since=1),
+    Kind("KV_A_NORM", 44, "layers.{L}.attn.kv_a_norm", "1 × kv_lora_rank", "f32", "norms", since=1),
+    Kind("KV_B", 45, "layers.{L}.attn.kv_b", "n_heads·(qk_nope_head_dim + v_head_dim) × kv_lora_rank", "any",
+         "attention", since=1),
+    Kind("ROUTER_BIAS", 46, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -292,15 +314,18 @@ class Slot:
 GLOBAL_HEAD = ("EMBED", "ROPE_FREQ")
 LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("attn_norm", ("ATTN_NORM",)),
-    Slot("wq", ("WQ",)),
-    Slot("wk", ("WK",)),
-    Slot("wv", ("WV",)),
+    Slot("wq", ("WQ",), ("!Q_LORA",)),
+    Slot("wk", ("WK",), ("!MLA",)),
+    Slot("wv", ("WV",), ("!MLA",)),
     Slot("wo", ("WO",)),
+    Slot("q_lora", ("Q_A", "Q_A_NORM", "Q_B"), ("Q_LORA",)),
+    Slot("mla", ("KV_A", "KV_A_NORM", "KV_B"), ("MLA",)),
     Slot("qkv_bias", ("BQ", "BK", "BV"), ("QKV_BIAS",)),
     Slot("qk_norm", ("Q_NORM", "K_NORM"), ("QK_NORM",)),
     Slot("ffn_norm", ("FFN_NORM",)),
     Slot("mlp", ("MLP_GATE", "MLP_DOWN", "MLP_UP"), ("dense",)),
     Slot("router", ("ROUTER",), ("moe",)),
+    Slot("router_bias", ("ROUTER_BIAS",), ("moe", "ROUTER_SIGMOID")),
     Slot("experts", ("W_GATE", "W_DOWN", "W_UP"), ("moe",), per_expert=True),
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
@@ -310,6 +335,8 @@ MLP_TENSORS = 3  # gate, down, up: the offsets of an MLP's three matrices in eve
 
 
 def _holds(cond: str, flags: int, dense: bool) -> bool:
+    if cond.startswith("!"):
+        return not _holds(cond[1:], flags, dense)
     if cond == "moe":
         return not dense
     if cond == "dense":
@@ -472,7 +499,9 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
     on = {"TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
-          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0}
+          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
+          "MLA": spec.kv_lora_rank > 0, "Q_LORA": spec.q_lora_rank > 0,
+          "ROUTER_SIGMOID": spec.router_scoring == "sigmoid", "GROUP_TOPK": spec.group_score != "none"}
     return sum(FLAG[name] for name, v in on.items() if v)
 
 

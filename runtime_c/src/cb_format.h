@@ -93,6 +93,10 @@
 #define CB_FLAG_TOKENIZER (1u << 9)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
+#define CB_FLAG_MLA (1u << 20)
+#define CB_FLAG_Q_LORA (1u << 21)
+#define CB_FLAG_ROUTER_SIGMOID (1u << 22)
+#define CB_FLAG_GROUP_TOPK (1u << 23)
 #define CB_FLAGS_KNOWN 0xC3FFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
@@ -140,6 +144,13 @@ enum cb_kind {
     CB_KIND_MLP_DOWN = 25,
     CB_KIND_MLP_UP = 26,
     CB_KIND_TOKENIZER = 27,
+    CB_KIND_Q_A = 40,
+    CB_KIND_Q_A_NORM = 41,
+    CB_KIND_Q_B = 42,
+    CB_KIND_KV_A = 43,
+    CB_KIND_KV_A_NORM = 44,
+    CB_KIND_KV_B = 45,
+    CB_KIND_ROUTER_BIAS = 46,
 };
 
 /* table indices of the global tensors before the layers; the layers start at CB_FIRST_LAYER */
@@ -151,6 +162,12 @@ enum cb_kind {
 #define CB_MLP_DOWN 1u
 #define CB_MLP_UP 2u
 #define CB_MLP_TENSORS 3u
+#define CB_OFF_Q_A 0u /* in the q_lora slot */
+#define CB_OFF_Q_A_NORM 1u /* in the q_lora slot */
+#define CB_OFF_Q_B 2u /* in the q_lora slot */
+#define CB_OFF_KV_A 0u /* in the mla slot */
+#define CB_OFF_KV_A_NORM 1u /* in the mla slot */
+#define CB_OFF_KV_B 2u /* in the mla slot */
 #define CB_OFF_BQ 0u /* in the qkv_bias slot */
 #define CB_OFF_BK 1u /* in the qkv_bias slot */
 #define CB_OFF_BV 2u /* in the qkv_bias slot */
@@ -161,7 +178,7 @@ enum cb_kind {
  * or the layer's kind (dense MLP or MoE) leave a slot out. */
 #define CB_NO_SLOT UINT32_MAX
 typedef struct cb_slots {
-    uint32_t attn_norm, wq, wk, wv, wo, qkv_bias, qk_norm, ffn_norm, mlp, router, experts, shared_gate, shared;
+    uint32_t attn_norm, wq, wk, wv, wo, q_lora, mla, qkv_bias, qk_norm, ffn_norm, mlp, router, router_bias, experts, shared_gate, shared;
     uint32_t n_tensors; /* entries of the layer */
 } cb_slots;
 
@@ -172,14 +189,33 @@ static inline cb_slots cb_layer_slots(uint32_t flags, uint32_t n_experts, int de
     uint32_t n = 0;
     s.attn_norm = n;
     n += 1u;
-    s.wq = n;
-    n += 1u;
-    s.wk = n;
-    n += 1u;
-    s.wv = n;
-    n += 1u;
+    s.wq = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_Q_LORA)) {
+        s.wq = n;
+        n += 1u;
+    }
+    s.wk = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_MLA)) {
+        s.wk = n;
+        n += 1u;
+    }
+    s.wv = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_MLA)) {
+        s.wv = n;
+        n += 1u;
+    }
     s.wo = n;
     n += 1u;
+    s.q_lora = CB_NO_SLOT;
+    if ((flags & CB_FLAG_Q_LORA)) {
+        s.q_lora = n;
+        n += 3u;
+    }
+    s.mla = CB_NO_SLOT;
+    if ((flags & CB_FLAG_MLA)) {
+        s.mla = n;
+        n += 3u;
+    }
     s.qkv_bias = CB_NO_SLOT;
     if ((flags & CB_FLAG_QKV_BIAS)) {
         s.qkv_bias = n;
@@ -200,6 +236,11 @@ static inline cb_slots cb_layer_slots(uint32_t flags, uint32_t n_experts, int de
     s.router = CB_NO_SLOT;
     if (!dense) {
         s.router = n;
+        n += 1u;
+    }
+    s.router_bias = CB_NO_SLOT;
+    if (!dense && (flags & CB_FLAG_ROUTER_SIGMOID)) {
+        s.router_bias = n;
         n += 1u;
     }
     s.experts = CB_NO_SLOT;
