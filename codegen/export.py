@@ -19,7 +19,7 @@ from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
-from .format import KV_DTYPES, blob_names, tensor_fields
+from .format import KV_DTYPES, blob_names, feature_flags, flags_not_run, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, plan_arena
 from .progress import tensor_progress
@@ -166,6 +166,10 @@ def _chat(ckpt_dir: Path) -> dict | None:
 
 def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
                       ) -> tuple[int, list[int], int, dict, list[int]]:
+    unrun = flags_not_run(feature_flags(spec))
+    if unrun:
+        raise ExportError(ckpt_dir / "config.json", f"{spec.arch}: the C runtime does not implement "
+                                                    f"{', '.join(unrun)} yet (the numpy reference does)")
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:

@@ -200,7 +200,12 @@ FLAGS: tuple[Flag, ...] = (
 )
 FLAG = {f.name: f.mask for f in FLAGS}
 FLAGS_KNOWN = sum(f.mask for f in FLAGS if f.runtime)  # what the C runtime accepts
-FLAGS_DESCRIBED = sum(f.mask for f in FLAGS)
+
+
+def flags_not_run(flags: int) -> list[str]:
+    """The names of the flags among `flags` that the C runtime does not run (it refuses such a blob)."""
+    return [f.name for f in FLAGS if flags & f.mask and not f.runtime]
+
 QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
 
 # KV cache precision: the `--kv` / `KV=` names, the header flag each sets (f32: none).

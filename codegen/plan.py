@@ -113,6 +113,14 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
     }
 
 
+def mla_cache_bytes(spec: ModelSpec, max_seq: int) -> tuple[int, int]:
+    """An MLA model's f32 KV cache at max_seq: (the compressed cache, the latent and the rope key of
+    kv_lora_rank + head_dim per position per layer; the plain one, every head's key of qk_head_dim and value
+    of v_head_dim)."""
+    positions = spec.n_layers * max_seq * F32
+    return positions * spec.latent_kv_row(), positions * spec.n_heads * (spec.qk_head_dim + spec.v_head_dim)
+
+
 def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
     """The buffers a model needs: the base ones, plus xgate and xup for a shared expert or dense MLP."""
     extra = spec.shared_ffn or spec.dense_ffn

@@ -97,6 +97,12 @@ def route(logits: np.ndarray, top_k: int, normalize: bool = True,
     return chosen[order], weights[order].astype(F32)
 
 
+def group_scores(choice: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The score of each of n_group equal groups of experts: its best (V2) or the sum of its best two (V3)."""
+    g = choice.reshape(spec.n_group, -1)
+    return g.max(axis=1) if spec.group_score == "max" else np.sort(g, axis=1)[:, -2:].sum(axis=1, dtype=F32)
+
+
 def route_grouped(logits: np.ndarray, spec: ModelSpec,
                   bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """DeepSeek-V2/V3 routing as transformers computes it (DeepseekV2TopkRouter, DeepseekV3TopkRouter).
@@ -117,12 +123,11 @@ def route_grouped(logits: np.ndarray, spec: ModelSpec,
         scores = softmax(logits)
         choice = scores
     if spec.group_score != "none":
-        g = choice.reshape(spec.n_group, -1)
-        group = g.max(axis=1) if spec.group_score == "max" else np.sort(g, axis=1)[:, -2:].sum(axis=1, dtype=F32)
-        best = np.argsort(-group, kind="stable")[:spec.topk_group]
+        best = np.argsort(-group_scores(choice, spec), kind="stable")[:spec.topk_group]
         keep = np.zeros(spec.n_group, dtype=bool)
         keep[best] = True
-        choice = np.where(np.repeat(keep, g.shape[1]), choice, F32(-np.inf) if sigmoid else F32(0.0))
+        choice = np.where(np.repeat(keep, spec.n_experts // spec.n_group), choice,
+                          F32(-np.inf) if sigmoid else F32(0.0))
     chosen = np.argsort(-choice, kind="stable")[:spec.top_k]
     weights = scores[chosen]
     if sigmoid and spec.norm_topk_prob:

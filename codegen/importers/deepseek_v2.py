@@ -74,10 +74,12 @@ def _nonneg_int(cfg: _hf._Config, key: str) -> int:
     return v
 
 
-def _with_defaults(data: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _with_defaults(data: Mapping[str, Any], defaults: Mapping[str, Any],
+                   aliases: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """config.json with the config class's default for each key it lacks in every spelling."""
     out = dict(data)
     for k, v in defaults.items():
-        if k not in out:
+        if k not in out and not any(a in out for a in aliases.get(k, ())):
             out[k] = v
     return out
 
@@ -144,7 +146,7 @@ def _groups(cfg: _hf._Config, n_experts: int, top_k: int) -> tuple[int, int]:
 
 
 def parse_v2(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(_with_defaults(data, DEFAULTS_V2), path, ALIASES_V2)
+    cfg = _hf.make_config(_with_defaults(data, DEFAULTS_V2, ALIASES_V2), path, ALIASES_V2)
     f = _mla_fields(cfg)
     f.update(_moe_fields(cfg, f["n_layers"]))
     if cfg.get("scoring_func", "softmax", required=False) != "softmax":
@@ -163,7 +165,7 @@ def parse_v2(data: Mapping[str, Any], path: Path) -> ModelSpec:
 
 
 def parse_v3(data: Mapping[str, Any], path: Path) -> ModelSpec:
-    cfg = _hf.make_config(_with_defaults(data, DEFAULTS_V3), path, ALIASES_V3)
+    cfg = _hf.make_config(_with_defaults(data, DEFAULTS_V3, ALIASES_V3), path, ALIASES_V3)
     f = _mla_fields(cfg)
     f.update(_moe_fields(cfg, f["n_layers"]))
     for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
