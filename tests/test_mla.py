@@ -25,6 +25,8 @@ from colibri.codegen.importers import deepseek_v2
 from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 
+from conftest import synth
+
 VOCAB = 97
 SEQ_LENS = (1, 9, 40)
 _BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
@@ -219,3 +221,19 @@ def test_class_defaults_and_spellings(tmp_path):
     v2 = {k: v for k, v in V2_CFG.items() if k != "n_routed_experts"} | {"num_experts": 4}
     spec = find_importer(v2, tmp_path).parse_config(v2, tmp_path / "config.json")
     assert spec.n_experts == 4 and spec.group_score == "none" and spec.routed_scale == 1.0
+
+
+@pytest.mark.parametrize("arch, q_lora", [("deepseek-v2", 0), ("deepseek-v3", 16)])
+def test_synth_writes_what_transformers_loads(arch, q_lora, tmp_path):
+    """`colibri synth --arch deepseek-v2/v3`: transformers loads the checkpoint and the reference agrees."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ckpt = synth(tmp_path / arch, arch=arch, layers=2, hidden=32, ffn=16, heads=4, kv_heads=4, experts=4, top_k=2,
+                 vocab=VOCAB, seed=5, dense_layers=[0], dense_ffn=24)
+    spec = open_checkpoint(ckpt).spec
+    assert spec.q_lora_rank == q_lora and spec.mla and spec.dense_layers == (0,)
+    tokens = [3, 17, 42, 5, 9, 1, 2, 88]
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(torch.tensor([tokens])).logits[0].numpy().astype(np.float32)
+    assert worst_error(ckpt, [(tokens, want)]) <= 1e-5
