@@ -37,8 +37,10 @@ CASES = {
     # plain q_proj, group-limited greedy (a group scored by its best expert), routed scale, interleaved rope
     "v2": ("DeepseekV2Config", dict(_BASE, q_lora_rank=None, topk_method="group_limited_greedy", n_group=2,
                                     topk_group=1, routed_scaling_factor=1.5)),
-    # q through its low-rank latent, sigmoid + bias, the best 1 of 2 groups by top-2 sums, rope_interleave true
-    "v3": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5)),
+    # q through its low-rank latent, sigmoid + bias, the best 1 of 2 groups by top-2 sums, rope_interleave true,
+    # an rms_norm_eps the latent norms (eps 1e-6 always) do not take
+    "v3": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                                    rms_norm_eps=1e-2)),
     # rotate_half rope (rope_interleave false), 2 of 4 groups, no renormalisation, tied embeddings
     "v3_half": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=4, topk_group=2, rope_interleave=False,
                                          norm_topk_prob=False, tie_word_embeddings=True, num_hidden_layers=2)),
