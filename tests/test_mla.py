@@ -133,7 +133,7 @@ def test_reference_matches_transformers(case, mla_ckpts, hf_logits):
     ("v2", "no_permutation"),
 ])
 def test_the_fixtures_see_each_routing_and_rope_detail(case, mutation, mla_ckpts, hf_logits, monkeypatch):
-    """Each detail matters for these checkpoints: the reference without it is far from transformers."""
+    """Each detail matters for these checkpoints: the reference without it is ten times the tolerance off."""
     spec = open_checkpoint(mla_ckpts[case]).spec
     if mutation == "bias":
         real = ref_mod.route_grouped
@@ -144,7 +144,8 @@ def test_the_fixtures_see_each_routing_and_rope_detail(case, mutation, mla_ckpts
         spec = dataclasses.replace(spec, group_score="none", n_group=1, topk_group=1)
     else:
         monkeypatch.setattr(deepseek_v2, "rope_permutation", lambda n: np.arange(n))
-    assert worst_error(mla_ckpts[case], hf_logits[case], spec) > 1e-3
+    err = worst_error(mla_ckpts[case], hf_logits[case], spec)
+    assert err > 1e-4, err  # ten times the tolerance
 
 
 def test_latent_cache_is_the_formula(mla_ckpts):
