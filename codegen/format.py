@@ -289,7 +289,6 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_GATE", 24, "layers.{L}.mlp.gate", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("MLP_DOWN", 25, "layers.{L}.mlp.down", "hidden × dense_ffn", "any", "dense_mlp", since=1),
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
-    Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
     Kind("Q_A", 40, "layers.{L}.attn.q_a", "q_lora_rank × hidden", "any", "attention", since=1),
     Kind("Q_A_NORM", 41, "layers.{L}.attn.q_a_norm", "1 × q_lora_rank", "f32", "norms", since=1),
     Kind("Q_B", 42, "layers.{L}.attn.q_b", "n_heads·(qk_nope_head_dim + head_dim) × q_lora_rank", "any",
@@ -299,6 +298,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("KV_B", 45, "layers.{L}.attn.kv_b", "n_heads·(qk_nope_head_dim + v_head_dim) × kv_lora_rank", "any",
          "attention", since=1),
     Kind("ROUTER_BIAS", 46, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
+    Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -501,12 +501,12 @@ def pack_entry(**values: int) -> bytes:
 
 def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports nothing of codegen)
     """Header flags of a ModelSpec: TIED, and the features of the families beyond Mixtral."""
-    on = {"TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
+    deepseek = {"MLA": spec.kv_lora_rank > 0, "Q_LORA": spec.q_lora_rank > 0,
+                "ROUTER_SIGMOID": spec.router_scoring == "sigmoid", "GROUP_TOPK": spec.group_score != "none"}
+    on = {**deepseek, "TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
-          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
-          "MLA": spec.kv_lora_rank > 0, "Q_LORA": spec.q_lora_rank > 0,
-          "ROUTER_SIGMOID": spec.router_scoring == "sigmoid", "GROUP_TOPK": spec.group_score != "none"}
+          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0}
     return sum(FLAG[name] for name, v in on.items() if v)
 
 

@@ -13,13 +13,13 @@ import numpy as np
 
 KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.k", 6: "attn.v", 7: "attn.o",
               8: "ffn_norm", 9: "moe.router", 10: "gate", 11: "down", 12: "up", 13: "final_norm", 14: "lm_head",
+              # DeepSeek-V2/V3: MLA attention, V3's router bias
+              40: "attn.q_a", 41: "attn.q_a_norm", 42: "attn.q_b", 43: "attn.kv_a", 44: "attn.kv_a_norm",
+              45: "attn.kv_b", 46: "moe.router_bias",
               # format 1.1
               15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
               24: "mlp.gate", 25: "mlp.down", 26: "mlp.up",
-              # DeepSeek-V2/V3: MLA attention, V3's router bias
-              40: "attn.q_a", 41: "attn.q_a_norm", 42: "attn.q_b", 43: "attn.kv_a", 44: "attn.kv_a_norm",
-              45: "attn.kv_b", 46: "moe.router_bias",
               27: "tokenizer"}  # the TOKENIZER flag: raw bytes (dtype 7, U8), the table's last entry
 TOKENIZER_FLAG, TOKENIZER_KIND, U8 = 1 << 9, 27, 7
 ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1"), 5: np.dtype("u1"),

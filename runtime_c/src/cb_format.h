@@ -143,7 +143,6 @@ enum cb_kind {
     CB_KIND_MLP_GATE = 24,
     CB_KIND_MLP_DOWN = 25,
     CB_KIND_MLP_UP = 26,
-    CB_KIND_TOKENIZER = 27,
     CB_KIND_Q_A = 40,
     CB_KIND_Q_A_NORM = 41,
     CB_KIND_Q_B = 42,
@@ -151,6 +150,7 @@ enum cb_kind {
     CB_KIND_KV_A_NORM = 44,
     CB_KIND_KV_B = 45,
     CB_KIND_ROUTER_BIAS = 46,
+    CB_KIND_TOKENIZER = 27,
 };
 
 /* table indices of the global tensors before the layers; the layers start at CB_FIRST_LAYER */
