@@ -240,3 +240,54 @@ def test_synth_writes_what_transformers_loads(arch, q_lora, tmp_path):
     with torch.no_grad():
         want = model(torch.tensor([tokens])).logits[0].numpy().astype(np.float32)
     assert worst_error(ckpt, [(tokens, want)]) <= 1e-5
+
+
+def test_absorbed_attention_is_the_reference(mla_ckpts):
+    """The latent cache with the up-projections absorbed (q_nope·W_UK per head into latent space, the
+    attention-weighted latent through W_UV): the reference's attention output up to float reassociation."""
+    c = open_checkpoint(mla_ckpts["v3"])
+    s, w = c.spec, {n: c.get(n).astype(np.float64) for n in canonical_names(c.spec)}
+    r = reference(mla_ckpts["v3"])
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((7, s.hidden)).astype(np.float32)
+    nope, rank, p = s.qk_nope_head_dim, s.kv_lora_rank, "layers.0."
+    kv_b = w[p + "attn.kv_b"].reshape(s.n_heads, nope + s.v_head_dim, rank)
+    w_uk, w_uv = kv_b[:, :nope], kv_b[:, nope:]
+    latents, ropes = [], []
+    for pos, x in enumerate(xs):
+        want = r._mla(0, x)
+        r.pos += 1
+        q = w[p + "attn.q_b"] @ ref_mod.rms_norm(w[p + "attn.q_a"] @ x, w[p + "attn.q_a_norm"], 1e-6)
+        q = q.reshape(s.n_heads, -1)
+        ckv = w[p + "attn.kv_a"] @ x
+        cos, sin = ref_mod.rope_cos_sin(r.inv_freq, pos)
+        latents.append(ref_mod.rms_norm(ckv[:rank], w[p + "attn.kv_a_norm"], 1e-6))
+        ropes.append(ref_mod.apply_rope(ckv[rank:][None], cos, sin)[0])
+        q_pe = ref_mod.apply_rope(q[:, nope:], cos, sin)
+        lat, kpe = np.stack(latents), np.stack(ropes)
+        q_lat = np.einsum("hd,hdr->hr", q[:, :nope], w_uk)  # each head's q_nope into latent space
+        scores = (q_lat @ lat.T + q_pe @ kpe.T) / np.sqrt(s.qk_head_dim)
+        probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        out = np.einsum("hvr,hr->hv", w_uv, probs @ lat)  # the weighted latent, then W_UV per head
+        got = w[p + "attn.o"] @ out.reshape(-1)
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), pos
+
+
+def test_v3_multi_token_prediction_layers_are_ignored(mla_ckpts, tmp_path):
+    """DeepSeek-V3 checkpoints carry their MTP module as layer num_hidden_layers: transformers ignores it."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    ckpt = tmp_path / "v3"
+    shutil.copytree(mla_ckpts["v3"], ckpt)
+    tensors = load_file(ckpt / "model.safetensors")
+    n = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    tensors[f"model.layers.{n}.eh_proj.weight"] = np.zeros((4, 4), dtype=np.float32)
+    save_file(tensors, ckpt / "model.safetensors")
+    assert open_checkpoint(ckpt).spec.n_layers == n
+    tensors[f"model.layers.{n - 1}.self_attn.k_proj.weight"] = np.zeros((4, 4), dtype=np.float32)
+    save_file(tensors, ckpt / "model.safetensors")
+    with pytest.raises(ExportError, match="k_proj"):
+        open_checkpoint(ckpt)
