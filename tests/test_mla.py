@@ -35,8 +35,10 @@ _BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_interme
              first_k_dense_replace=1, max_position_embeddings=128, tie_word_embeddings=False)
 CASES = {
     # plain q_proj, group-limited greedy (a group scored by its best expert), routed scale, interleaved rope
+    # of a rope_theta of its own
     "v2": ("DeepseekV2Config", dict(_BASE, q_lora_rank=None, topk_method="group_limited_greedy", n_group=2,
-                                    topk_group=1, routed_scaling_factor=1.5)),
+                                    topk_group=1, routed_scaling_factor=1.5,
+                                    rope_parameters=dict(rope_type="default", rope_theta=500.0))),
     # q through its low-rank latent, sigmoid + bias, the best 1 of 2 groups by top-2 sums, rope_interleave true,
     # an rms_norm_eps the latent norms (eps 1e-6 always) do not take
     "v3": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=2, topk_group=1, routed_scaling_factor=2.5,
@@ -221,9 +223,10 @@ def test_class_defaults_and_spellings(tmp_path):
     cfg.update(num_local_experts=16, n_group=2, topk_group=1)  # V3's attribute_map spelling
     spec = find_importer(cfg, tmp_path).parse_config(cfg, tmp_path / "config.json")
     assert spec.n_experts == 16 and spec.dense_layers == (0, 1, 2) and spec.routed_scale == 2.5
-    v2 = {k: v for k, v in V2_CFG.items() if k != "n_routed_experts"} | {"num_experts": 4}
+    v2 = {k: v for k, v in V2_CFG.items() if k != "n_routed_experts"} | {"num_experts": 4, "head_dim": 99}
     spec = find_importer(v2, tmp_path).parse_config(v2, tmp_path / "config.json")
     assert spec.n_experts == 4 and spec.group_score == "none" and spec.routed_scale == 1.0
+    assert spec.head_dim == 4 and spec.rope_theta == 10000.0  # the classes overwrite head_dim with the rope dim
 
 
 @pytest.mark.parametrize("arch, q_lora", [("deepseek-v2", 0), ("deepseek-v3", 16)])
