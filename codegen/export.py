@@ -183,6 +183,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
         raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
     if opts.kv not in KV_DTYPES:
         raise ExportError(ckpt_dir, f"--kv {_short(opts.kv)}: not one of {', '.join(KV_DTYPES)}")
+    if spec.mla and opts.kv != "f32":
+        raise ExportError(ckpt_dir, f"--kv {opts.kv}: an MLA model's latent cache is f32 only")
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= MAX_SEQ_LIMIT:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, {MAX_SEQ_LIMIT}]")

@@ -186,14 +186,14 @@ FLAGS: tuple[Flag, ...] = (
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
                         "(see \"KV cache\"); excludes KV_F16"),
-    # DeepSeek-V2/V3 (bits 20-27). Written by the exporter's model description; not yet run by the C runtime,
-    # which refuses them as unknown flags (`colibri export` refuses such a model before writing anything).
-    Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3): KV_A, KV_A_NORM, KV_B instead of WK, WV; "
-                    "head_dim is the rope part of a head", runtime=False),
-    Flag("Q_LORA", 21, "MLA queries through a low-rank latent: Q_A, Q_A_NORM, Q_B instead of WQ; needs MLA",
-         runtime=False),
+    # DeepSeek-V2/V3 (bits 20-27). Those with runtime=False the C runtime does not run yet: it refuses them as
+    # unknown flags, and `colibri export` refuses such a model before writing anything.
+    Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3, see \"MLA\"): KV_A, KV_A_NORM, KV_B (F32) "
+                    "instead of WK, WV; head_dim is the rope part of a head; n_kv_heads = n_heads; the caches hold "
+                    "the latents and the rope keys; excludes QKV_BIAS, QK_NORM_*, KV_F16, KV_INT8"),
+    Flag("Q_LORA", 21, "MLA queries through a low-rank latent: Q_A, Q_A_NORM, Q_B instead of WQ; needs MLA"),
     Flag("ROUTER_SIGMOID", 22, "router scores are sigmoid(logits); experts are chosen by score + ROUTER_BIAS, "
-                               "weighted by the score (DeepSeek-V3)", runtime=False),
+                               "weighted by the score (DeepSeek-V3)"),
     Flag("GROUP_TOPK", 23, "group-limited top-k: the experts in n_group equal groups, top_k chosen within the "
                            "topk_group best groups, a group scored by its best expert (by the sum of its best "
                            "two with ROUTER_SIGMOID)", runtime=False),
@@ -295,7 +295,7 @@ KINDS: tuple[Kind, ...] = (
          "attention", since=1),
     Kind("KV_A", 43, "layers.{L}.attn.kv_a", "(kv_lora_rank + head_dim) × hidden", "any", "attention", since=1),
     Kind("KV_A_NORM", 44, "layers.{L}.attn.kv_a_norm", "1 × kv_lora_rank", "f32", "norms", since=1),
-    Kind("KV_B", 45, "layers.{L}.attn.kv_b", "n_heads·(qk_nope_head_dim + v_head_dim) × kv_lora_rank", "any",
+    Kind("KV_B", 45, "layers.{L}.attn.kv_b", "n_heads·(qk_nope_head_dim + v_head_dim) × kv_lora_rank", "f32",
          "attention", since=1),
     Kind("ROUTER_BIAS", 46, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
@@ -427,14 +427,18 @@ class Buffer:
 
 
 BUFFERS: tuple[Buffer, ...] = (
-    Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements)",
-           "key cache, in the KV cache precision (see \"KV cache\")"),
-    Buffer("value_cache", 0, 11, "same", "value cache"),
+    Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements); "
+           "MLA: of kv_lora_rank f32", "key cache, in the KV cache precision (see \"KV cache\"); MLA: the latents"),
+    Buffer("value_cache", 0, 11, "same; MLA: rows of head_dim f32", "value cache; MLA: the rope keys"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
     Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
-    Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
-           "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
-    Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
+    Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim; MLA "
+           "B·n_heads·(qk_nope_head_dim + head_dim + kv_lora_rank)",
+           "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32; MLA: each head's "
+           "query in latent space after the queries)"),
+    Buffer("att", 3, 4, "B·n_heads·head_dim; MLA B·max(n_heads·(v_head_dim + kv_lora_rank), q_lora_rank, "
+           "kv_lora_rank + head_dim)", "att (attention output; MLA: then each head's weighted latent, and "
+           "in step 1 the q latent and kv_a's output)"),
     Buffer("scores", 3, 3, "max_seq", "scores"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),

@@ -62,7 +62,7 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
  * token of a prefill block; the caches hold n_layers * max_seq rows of cb_kv_row_bytes, and with a
  * 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
-static void cb_buffer_bytes(const cb_model *m, uint64_t n[CB_N_BUFFERS])
+static void cb_buffer_bytes(const cb_model *m, const uint8_t *blob, uint64_t n[CB_N_BUFFERS])
 {
     uint64_t kvdim = cb_mul(m->n_kv_heads, m->head_dim), b = m->block;
     uint64_t qdim = cb_add(cb_mul(m->n_heads, m->head_dim), m->flags & CB_FLAG_KV ? cb_mul(2, kvdim) : 0);
@@ -74,6 +74,16 @@ static void cb_buffer_bytes(const cb_model *m, uint64_t n[CB_N_BUFFERS])
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
+    if (m->flags & CB_FLAG_MLA) { /* f32 latents and rope keys; q and att rows (codegen/plan.py mla_row_widths) */
+        const cb_mla_dims d = cb_mla_of(blob, m);
+        uint64_t h = m->n_heads, r = d.kv_lora, att = cb_mul(h, cb_add(d.v, r));
+        att = d.q_lora > att ? d.q_lora : att;
+        att = cb_add(r, m->head_dim) > att ? cb_add(r, m->head_dim) : att;
+        n[CB_BUF_KEY_CACHE] = cb_mul(cb_mul(cb_mul(m->n_layers, m->max_seq), r), sizeof(float));
+        n[CB_BUF_VALUE_CACHE] = cb_mul(cb_mul(cb_mul(m->n_layers, m->max_seq), m->head_dim), sizeof(float));
+        n[CB_BUF_Q] = cb_mul(b, cb_add(cb_mul(h, cb_add(d.nope, m->head_dim)), cb_mul(h, r)));
+        n[CB_BUF_ATT] = cb_mul(b, att);
+    }
     for (int i = 0; i < CB_N_BUFFERS; i++)
         if (i != CB_BUF_KEY_CACHE && i != CB_BUF_VALUE_CACHE)
             n[i] = cb_mul(n[i], sizeof(float));
@@ -134,6 +144,32 @@ static colibri_status cb_check_features(cb_check *v, uint32_t flags)
     return COLIBRI_OK;
 }
 
+/* MLA's widths from the shapes of layer 0 (cb_check_tensors then holds every layer to them): the latent
+ * (KV_B's cols), the q latent (Q_A's rows), each head's nope part (its query rows less head_dim, the rope
+ * part) and its value width (its KV_B rows less the nope part). */
+static colibri_status cb_check_mla(cb_check *v)
+{
+    const uint8_t *b = v->b;
+    const cb_model *m = v->m;
+    const uint32_t flags = m->flags;
+    if (!(flags & CB_FLAG_MLA))
+        return flags & CB_FLAG_Q_LORA ? CB_BAD(COLIBRI_E_BAD_HEADER) : COLIBRI_OK; /* flags: Q_LORA without MLA */
+    if (m->n_kv_heads != m->n_heads || (flags & (CB_FLAG_KV | CB_FLAG_QKV_BIAS | CB_FLAG_QK_NORM)))
+        return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: MLA with kv heads, a 16/8-bit cache, biases or q/k norms */
+    const cb_slots s = cb_layer_slots(flags, m->n_experts, cb_dense_bit(b, flags, 0));
+    if ((uint64_t)CB_FIRST_LAYER + s.n_tensors > cb_rd32(b + CB_H_N_TENSORS))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* n_tensors: no first layer to read MLA's widths from */
+    const uint8_t *kv_b = cb_entry(b, CB_FIRST_LAYER + s.mla + CB_OFF_KV_B);
+    const uint8_t *q = cb_entry(b, CB_FIRST_LAYER + (flags & CB_FLAG_Q_LORA ? s.q_lora + CB_OFF_Q_B : s.wq));
+    uint32_t h = m->n_heads, q_rows = cb_rd32(q + CB_E_ROWS), kv_rows = cb_rd32(kv_b + CB_E_ROWS);
+    if (q_rows % h || kv_rows % h || q_rows / h <= m->head_dim || kv_rows / h <= q_rows / h - m->head_dim)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* MLA: query or kv_b rows not heads of nope + rope, nope + v */
+    const cb_mla_dims d = cb_mla_of(b, m);
+    if (!d.kv_lora || ((flags & CB_FLAG_Q_LORA) && !d.q_lora))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* MLA: a zero latent width */
+    return COLIBRI_OK;
+}
+
 /* The frame around the model: alignment, length, magic, major version, table size, CRC-32. */
 static colibri_status cb_check_frame(cb_check *v)
 {
@@ -191,8 +227,9 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* rms_eps: negative or not finite */
     if (m->n_layers > CB_MAX_LAYERS || m->n_experts > CB_MAX_EXPERTS)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
+    CB_TRY(cb_check_mla(v));
     uint64_t bytes[CB_N_BUFFERS];
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(m, b, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
     if (bytes[CB_BUF_KEY_CACHE] >= SIZE_MAX || bytes[CB_BUF_Q] >= SIZE_MAX
         || cb_rd64(b + CB_H_ARENA_BYTES) >= SIZE_MAX || cb_mul(cb_mul(m->block, m->n_heads), m->head_dim) >= SIZE_MAX)
@@ -299,6 +336,27 @@ static colibri_status cb_check_mlp(cb_check *v, size_t i, const unsigned kind[3]
     return cb_check_entry(v, i + CB_MLP_UP, kind[CB_MLP_UP], l, e, w, d, DT_ANY);
 }
 
+/* Layer l's MLA attention (its first table index base): q_proj or q_a, q_a_norm, q_b; kv_a, kv_a_norm,
+ * kv_b (F32: the forward pass reads it per head, both ways); o_proj. */
+static colibri_status cb_check_mla_entries(cb_check *v, size_t base, const cb_slots *s, uint32_t l)
+{
+    const cb_model *m = v->m;
+    const cb_mla_dims mla = cb_mla_of(v->b, m);
+    const uint64_t d = m->hidden, h = m->n_heads, r = mla.kv_lora, qk = (uint64_t)mla.nope + m->head_dim;
+    if (s->q_lora != CB_NO_SLOT) {
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_A, CB_KIND_Q_A, l, 0, mla.q_lora, d, DT_ANY));
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_A_NORM, CB_KIND_Q_A_NORM, l, 0, 1, mla.q_lora, DT(CB_F32)));
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_B, CB_KIND_Q_B, l, 0, h * qk, mla.q_lora, DT_ANY));
+    } else {
+        CB_TRY(cb_check_entry(v, base + s->wq, CB_KIND_WQ, l, 0, h * qk, d, DT_ANY));
+    }
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_A, CB_KIND_KV_A, l, 0, r + m->head_dim, d, DT_ANY));
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_A_NORM, CB_KIND_KV_A_NORM, l, 0, 1, r, DT(CB_F32)));
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_B, CB_KIND_KV_B, l, 0, h * ((uint64_t)mla.nope + mla.v), r,
+                          DT(CB_F32)));
+    return cb_check_entry(v, base + s->wo, CB_KIND_WO, l, 0, d, h * mla.v, DT_ANY);
+}
+
 /* Every entry, in table order, against the kind, shape and dtypes its place in the table implies. */
 static colibri_status cb_check_tensors(cb_check *v)
 {
@@ -316,10 +374,14 @@ static colibri_status cb_check_tensors(cb_check *v)
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const cb_slots s = cb_layer_slots(m->flags, m->n_experts, cb_dense_bit(v->b, m->flags, l));
         CB_TRY(cb_check_entry(v, base + s.attn_norm, CB_KIND_ATTN_NORM, l, 0, 1, d, DT(CB_F32)));
-        CB_TRY(cb_check_entry(v, base + s.wq, CB_KIND_WQ, l, 0, qdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wk, CB_KIND_WK, l, 0, kvdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wv, CB_KIND_WV, l, 0, kvdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wo, CB_KIND_WO, l, 0, d, qdim, DT_ANY));
+        if (s.mla != CB_NO_SLOT) {
+            CB_TRY(cb_check_mla_entries(v, base, &s, l));
+        } else {
+            CB_TRY(cb_check_entry(v, base + s.wq, CB_KIND_WQ, l, 0, qdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wk, CB_KIND_WK, l, 0, kvdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wv, CB_KIND_WV, l, 0, kvdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wo, CB_KIND_WO, l, 0, d, qdim, DT_ANY));
+        }
         if (s.qkv_bias != CB_NO_SLOT) {
             CB_TRY(cb_check_entry(v, base + s.qkv_bias + CB_OFF_BQ, CB_KIND_BQ, l, 0, 1, qdim, DT(CB_F32)));
             CB_TRY(cb_check_entry(v, base + s.qkv_bias + CB_OFF_BK, CB_KIND_BK, l, 0, 1, kvdim, DT(CB_F32)));
@@ -336,6 +398,8 @@ static colibri_status cb_check_tensors(cb_check *v)
             CB_TRY(cb_check_mlp(v, base + s.mlp, mlp_kinds, l, 0, m->dense_ffn));
         if (s.router != CB_NO_SLOT)
             CB_TRY(cb_check_entry(v, base + s.router, CB_KIND_ROUTER, l, 0, m->n_experts, d, DT(CB_F32) | DT(CB_F16)));
+        if (s.router_bias != CB_NO_SLOT)
+            CB_TRY(cb_check_entry(v, base + s.router_bias, CB_KIND_ROUTER_BIAS, l, 0, 1, m->n_experts, DT(CB_F32)));
         if (s.experts != CB_NO_SLOT)
             for (uint32_t e = 0; e < m->n_experts; e++)
                 CB_TRY(cb_check_mlp(v, base + s.experts + (size_t)CB_MLP_TENSORS * e, expert_kinds, l, e, m->ffn));
@@ -363,14 +427,14 @@ static colibri_status cb_check_plan(cb_check *v)
     const int n_buffers = (int)m->n_buffers;
     if (cb_rd32(b + CB_H_N_BUFFERS) != m->n_buffers)
         return CB_BAD(COLIBRI_E_BAD_PLAN); /* n_buffers: not what the flags imply */
-    cb_buffer_bytes(m, bytes);
+    cb_buffer_bytes(m, b, bytes);
     for (int i = 0; i < n_buffers; i++) {
         off[i] = cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * (size_t)i);
         if (off[i] % CB_ALIGN != 0 || off[i] < CB_CTX_BYTES || cb_add(off[i], bytes[i]) > arena)
             return CB_BAD(COLIBRI_E_BAD_PLAN); /* buffer_offset: unaligned, on the context, or past arena_bytes */
     }
     if (m->xq_off) { /* live through every step: it overlaps no buffer */
-        uint64_t xq_end = cb_add(m->xq_off, cb_mul(m->block, cb_xq_row_bytes(m)));
+        uint64_t xq_end = cb_add(m->xq_off, cb_mul(m->block, cb_xq_row_bytes(m, b)));
         if (m->xq_off % CB_ALIGN != 0 || m->xq_off < CB_CTX_BYTES || xq_end > arena)
             return CB_BAD(COLIBRI_E_BAD_PLAN); /* xq_offset: unaligned, on the context, or past arena_bytes */
         for (int i = 0; i < n_buffers; i++)

@@ -97,7 +97,7 @@
 #define CB_FLAG_Q_LORA (1u << 21)
 #define CB_FLAG_ROUTER_SIGMOID (1u << 22)
 #define CB_FLAG_GROUP_TOPK (1u << 23)
-#define CB_FLAGS_KNOWN 0xC3FFu
+#define CB_FLAGS_KNOWN 0x70C3FFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
