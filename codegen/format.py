@@ -186,8 +186,8 @@ FLAGS: tuple[Flag, ...] = (
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
                         "(see \"KV cache\"); excludes KV_F16"),
-    # DeepSeek-V2/V3 (bits 20-27). Those with runtime=False the C runtime does not run yet: it refuses them as
-    # unknown flags, and `colibri export` refuses such a model before writing anything.
+    # DeepSeek-V2/V3 (bits 20-27; FORMAT.md "MLA"). GROUP_TOPK (runtime=False) the C runtime does not run yet:
+    # it refuses it as an unknown flag, and `colibri export` refuses such a model before writing anything.
     Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3, see \"MLA\"): KV_A, KV_A_NORM, KV_B (F32) "
                     "instead of WK, WV; head_dim is the rope part of a head; n_kv_heads = n_heads; the caches hold "
                     "the latents and the rope keys; excludes QKV_BIAS, QK_NORM_*, KV_F16, KV_INT8"),

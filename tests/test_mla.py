@@ -303,8 +303,9 @@ def test_v3_multi_token_prediction_layers_are_ignored(mla_ckpts, tmp_path):
 C_CASES = {
     # plain q_proj, softmax greedy top-k, routed scale
     "v2_greedy": ("DeepseekV2Config", dict(_BASE, q_lora_rank=None, routed_scaling_factor=1.5)),
-    # q latent, sigmoid scores with the expert bias, renormalised, routed scale 2.5, one group
-    "v3_flat": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=1, topk_group=1)),
+    # q latent, sigmoid scores with the expert bias, renormalised, routed scale 2.5, one group; an rms_norm_eps
+    # the latent norms do not take
+    "v3_flat": ("DeepseekV3Config", dict(_BASE, q_lora_rank=24, n_group=1, topk_group=1, rms_norm_eps=1e-2)),
 }
 PROMPT = [3, 17, 42, 5, 9]
 N_GEN = 16
@@ -370,7 +371,8 @@ def test_target_matches_reference(case, quant, target, c_ckpts, build_model):
 
 def test_arena_holds_the_latent_cache(c_ckpts, build_model):
     """The planned KV cache is the latent formula: kv_lora_rank + qk_rope_head_dim f32 per position and
-    layer (each cache 64-byte aligned), computed here from config.json and the export's max_seq."""
+    layer (each cache 64-byte aligned), computed here from config.json and the export's max_seq; the
+    export's arena line says it against the plain K+V."""
     out = build_model(c_ckpts["v3_flat"], "f32")
     cfg = json.loads((c_ckpts["v3_flat"] / "config.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
@@ -382,3 +384,6 @@ def test_arena_holds_the_latent_cache(c_ckpts, build_model):
 
     want = aligned(4 * layers * seq * cfg["kv_lora_rank"]) + aligned(4 * layers * seq * cfg["qk_rope_head_dim"])
     assert manifest["arena"]["kv_cache_bytes"] == want
+    plain = 4 * layers * seq * cfg["num_attention_heads"] * (
+        cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"])
+    assert manifest["arena"]["plain_kv_cache_bytes"] == plain
