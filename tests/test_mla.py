@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from colibri.codegen.reference import Reference
 from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
 
+import blobread
 from blobread import weights as blob_weights
 from conftest import require_target, synth
 
@@ -390,3 +393,49 @@ def test_arena_holds_the_latent_cache(c_ckpts, build_model):
     plain = 4 * layers * seq * cfg["num_attention_heads"] * (
         cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"])
     assert manifest["arena"]["plain_kv_cache_bytes"] == plain
+
+
+def _index(raw: bytes, name: str) -> int:
+    return next(i for i, e in enumerate(blobread.entries(raw)) if blobread.canonical_name(e) == name)
+
+
+def _flag(bit: int):
+    def mutate(b: bytearray) -> bytearray:
+        struct.pack_into("<I", b, 28, struct.unpack_from("<I", b, 28)[0] | 1 << bit)
+        return b
+    return mutate
+
+
+def _field(name: str, offset: int, delta: int):
+    def mutate(b: bytearray) -> bytearray:
+        at = blobread.entry_offset(_index(bytes(b), name)) + offset
+        struct.pack_into("<I", b, at, struct.unpack_from("<I", b, at)[0] + delta)
+        return b
+    return mutate
+
+
+BAD_MLA = {  # (mutation, status): FORMAT.md "MLA"; 6 BAD_HEADER, 8 BAD_TENSOR
+    "group-limited top-k, unknown to this runtime": (_flag(23), 6),
+    "MLA with a 16-bit cache": (_flag(14), 6),
+    "MLA with q/k/v biases": (_flag(1), 6),
+    "layer 0 kv_b rows not whole heads": (_field("layers.0.attn.kv_b", 8, 1), 8),
+    "layer 1 kv_b of another latent width": (_field("layers.1.attn.kv_b", 12, 1), 8),
+    "layer 0 q_b rows of another nope width": (_field("layers.0.attn.q_b", 8, 4), 8),
+    "layer 1 q_a of another q latent": (_field("layers.1.attn.q_a", 8, 1), 8),
+    "router bias of another expert count": (_field("layers.1.moe.router_bias", 12, 1), 8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MLA))
+def test_bad_mla_blob_returns_its_code(case, c_ckpts, build_model, tmp_path):
+    """A malformed MLA blob: its status from colibri_run, never a crash."""
+    out = build_model(c_ckpts["v3_flat"], "f32")
+    mutate, status = BAD_MLA[case]
+    raw = bytearray((out / "model.bin").read_bytes())
+    bad = mutate(raw)
+    struct.pack_into("<I", bad, 8, zlib.crc32(bytes(bad[12:])))
+    blob = tmp_path / "bad.bin"
+    blob.write_bytes(bytes(bad))
+    res = subprocess.run([out / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
+    assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
+    assert f"(status {status})" in res.stderr, res.stderr
