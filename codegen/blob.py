@@ -124,12 +124,13 @@ class BlobWriter:
         )
 
     def add_section(self, name: str, data: bytes) -> None:
-        """A section of raw bytes after the weights (FORMAT.md "Tokenizer"): a U8 entry of len(data) rows."""
+        """A section of raw bytes after the weights (FORMAT.md "Parameters", "Tokenizer"): a U8 entry of
+        len(data) rows."""
         kind, layer, expert = kind_of(name)
-        if kind != fmt.KIND["TOKENIZER"].code or not data:
+        if kind not in {fmt.KIND[k].code for k in fmt.SECTION_KINDS} or not data:
             raise AssertionError(f"{name}: not a non-empty section")
         data_off = self._put(np.frombuffer(data, dtype=np.uint8))
-        self.tokenizer = True
+        self.tokenizer |= kind == fmt.KIND["TOKENIZER"].code
         self.entries.append(fmt.pack_entry(kind=kind, layer=layer, expert=expert, dtype=fmt.BYTES_DTYPE,
                                            rows=len(data), cols=1, row_stride=1, data_off=data_off))
         self.records.append(TensorRecord(name, "u8", len(data), 1, data_off, len(data), 0))

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__, sampling
+from . import format as fmt
 from .blob import BlobWriter, blob_flags, format_version
 from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
@@ -319,6 +320,9 @@ def export(
                         writer.add(order[len(writer.records)], derived[order[len(writer.records)]]())
             finally:
                 progress.close()
+            params = fmt.model_params(spec)
+            if params:  # the parameters section, before the tokenizer's (FORMAT.md "Parameters")
+                writer.add_section("params", fmt.pack_params(params))
             if tok_section is not None:
                 writer.add_section("tokenizer", tok_section)
             blob_bytes, crc = writer.finish(spec, max_seq, plan)

@@ -123,8 +123,8 @@ ENTRY: tuple[Field, ...] = (
     Field("layer", 2, "u16", "0 for global tensors"),
     Field("expert", 4, "u16", "0 for non-expert tensors"),
     Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C, 5 = I4, 6 = I4C (see \"int4\"); 7 = U8 (raw bytes: "
-                            "the TOKENIZER entry only, whose rows are its bytes, cols 1, row_stride 1); a code above "
-                            "the runtime's last: `COLIBRI_E_DTYPE`"),
+                            "the TOKENIZER and PARAMS entries only, whose rows are its bytes, cols 1, row_stride 1); "
+                            "a code above the runtime's last: `COLIBRI_E_DTYPE`"),
     Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C / I4 / I4C only)"),
     Field("rows", 8, "u32", "outputs"),
     Field("cols", 12, "u32", "inputs"),
@@ -182,6 +182,9 @@ FLAGS: tuple[Flag, ...] = (
     # The tokenizer section (FORMAT.md "Tokenizer"): a runtime that predates the flag refuses the blob
     # (COLIBRI_E_BAD_HEADER, an unknown flag) rather than miscounting its table.
     Flag("TOKENIZER", 9, "the table ends with a TOKENIZER entry: the model's tokenizer section, after the weights"),
+    # The parameters section (FORMAT.md "Parameters"): scalar model parameters the 256-byte header has no
+    # room for. Each flag of a feature with parameters (Param.flag) needs PARAMS and its required keys.
+    Flag("PARAMS", 10, "the table has a PARAMS entry (before TOKENIZER): the model's parameters section"),
     Flag("KV_F16", 14, "the key and value caches hold f16 (each K/V element rounded to nearest even); "
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
@@ -228,6 +231,73 @@ def kv_row_bytes(kv: str, n_kv_heads: int, head_dim: int) -> int:
         return -(-n // 4) * 4 + KV_SCALE_BYTES * n_kv_heads
     return n * ELEM_BYTES[kv]
 
+@dataclass(frozen=True)
+class Param:
+    """A key of the parameters section (FORMAT.md "Parameters"): its code, the type of its u32 value
+    (`u32`, or `f32` as its IEEE bits), whether it has one record per layer (index = the layer) or one
+    global record (index 0), the flag it belongs to (the key is refused without it), whether that flag
+    needs at least one record of it, and what it means."""
+
+    name: str
+    code: int
+    type: str  # "u32" or "f32"
+    per_layer: bool
+    flag: str
+    doc: str
+    required: bool = True
+    since: int = 1
+
+
+PARAM_RECORD = struct.Struct("<HHI")  # key, index, value
+PARAM_TYPES = ("u32", "f32")
+# Keys reserved per feature group: 1-31 sliding window, YaRN, gpt-oss; 32-63 DeepSeek MLA. Key 0 is none.
+PARAMS: tuple[Param, ...] = ()
+PARAM = {p.name: p for p in PARAMS}
+PARAM_BY_CODE = {p.code: p for p in PARAMS}
+PARAM_FLAGS = sum({FLAG[p.flag] for p in PARAMS})  # flags whose feature reads parameters
+
+
+def pack_params(values: Mapping[tuple[str, int], float | int]) -> bytes:
+    """The parameters section: {(key name, index): value} as records sorted by (key, index)."""
+    recs = []
+    for (name, index), value in values.items():
+        p = PARAM[name]
+        bits = struct.unpack("<I", struct.pack("<f", value))[0] if p.type == "f32" else int(value)
+        recs.append((p.code, index, bits))
+    return b"".join(PARAM_RECORD.pack(*r) for r in sorted(recs))
+
+
+def read_params(data: bytes, n_layers: int, flags: int) -> list[tuple[Param, int, float | int]]:
+    """The records of a parameters section as (key, index, value), checked as the runtime checks them;
+    ValueError naming the first problem."""
+    if not data or len(data) % PARAM_RECORD.size:
+        raise ValueError(f"parameters section of {len(data)} bytes, not a positive multiple of {PARAM_RECORD.size}")
+    out: list[tuple[Param, int, float | int]] = []
+    recs = list(PARAM_RECORD.iter_unpack(data))
+    for a, b in zip(recs, recs[1:], strict=False):  # the structure first, as the runtime checks it
+        if b[:2] <= a[:2]:
+            raise ValueError(f"parameter record {b[:2]} not after {a[:2]}: unsorted or repeated")
+    for key, index, bits in recs:
+        p = PARAM_BY_CODE.get(key)
+        if p is None:
+            raise ValueError(f"parameter key {key} is unknown to this version")
+        if (index >= n_layers) if p.per_layer else index != 0:
+            raise ValueError(f"parameter {p.name}: index {index} out of range")
+        if not flags & FLAG[p.flag]:
+            raise ValueError(f"parameter {p.name} without its flag {p.flag}")
+        value: float | int = bits
+        if p.type == "f32":
+            value = struct.unpack("<f", struct.pack("<I", bits))[0]
+            if value != value or abs(value) == float("inf"):
+                raise ValueError(f"parameter {p.name}: value {value} is not finite")
+        out.append((p, index, value))
+    present = {p.name for p, _, _ in out}
+    for p in PARAMS:
+        if p.required and flags & FLAG[p.flag] and p.name not in present:
+            raise ValueError(f"flag {p.flag} without its parameter {p.name}")
+    return out
+
+
 DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}  # int4: see int4_row_bytes
@@ -239,7 +309,7 @@ def int4_row_bytes(cols: int) -> int:
     """Bytes of one packed int4 row: INT4_BLOCK_BYTES a block (a multiple of ROW_ALIGN)."""
     return -(-cols // Q8_BLOCK) * INT4_BLOCK_BYTES
 SCALE_DTYPES = {"f32": 1, "f16": 2}
-# Raw bytes (a section, not weights): the dtype of a TOKENIZER entry only; no kernel reads it.
+# Raw bytes (a section, not weights): the dtype of the TOKENIZER and PARAMS entries only; no kernel reads it.
 BYTES_DTYPE = 7
 LAYOUTS = {"rows": 1, "tiled16": 2}
 LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
@@ -299,6 +369,7 @@ KINDS: tuple[Kind, ...] = (
          "attention", since=1),
     Kind("ROUTER_BIAS", 46, "layers.{L}.moe.router_bias", "1 × n_experts", "f32", "router", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
+    Kind("PARAMS", 28, "params", "section bytes × 1", "U8", "params", since=1, derived=True),
 )
 KIND = {k.name: k for k in KINDS}
 KIND_BY_CODE = {k.code: k for k in KINDS}
@@ -335,7 +406,8 @@ LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
 )
-GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)), ("TOKENIZER", ("TOKENIZER",)))
+GLOBAL_TAIL = (("FINAL_NORM", ()), ("LM_HEAD", ("untied",)), ("PARAMS", ("PARAMS",)), ("TOKENIZER", ("TOKENIZER",)))
+SECTION_KINDS = ("PARAMS", "TOKENIZER")  # U8 entries of raw bytes, not weights
 MLP_TENSORS = 3  # gate, down, up: the offsets of an MLP's three matrices in every MLP slot
 
 
@@ -424,12 +496,21 @@ class Buffer:
     elements: str  # f32 elements, for the documentation (codegen/plan.py computes them)
     doc: str
     extra: bool = False  # only with SHARED_EXPERT or DENSE_LAYERS
+    cls: str = "activations"  # its class of data (CLASSES): the memory region it may be placed in
 
+
+# Classes of arena data, in the order of the runtime's colibri_class (colibri.h): the KV cache, the
+# activations of a block of tokens (with the context at offset 0), and the scratch of one step (attention
+# scores, int8 activations). Each class is one contiguous range of the arena, in ARENA_ORDER, so that
+# colibri_init_regions can put each in a memory of its own.
+CLASSES = ("kv_cache", "activations", "scratch")
+ARENA_ORDER = ("activations", "kv_cache", "scratch")
 
 BUFFERS: tuple[Buffer, ...] = (
     Buffer("key_cache", 0, 11, "n_layers·max_seq rows of kv_row_bytes (f32: n_kv_heads·head_dim elements); "
-           "MLA: of kv_lora_rank f32", "key cache, in the KV cache precision (see \"KV cache\"); MLA: the latents"),
-    Buffer("value_cache", 0, 11, "same; MLA: rows of head_dim f32", "value cache; MLA: the rope keys"),
+           "MLA: of kv_lora_rank f32", "key cache, in the KV cache precision (see \"KV cache\"); MLA: the latents",
+           cls="kv_cache"),
+    Buffer("value_cache", 0, 11, "same; MLA: rows of head_dim f32", "value cache; MLA: the rope keys", cls="kv_cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
     Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
     Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim; MLA "
@@ -439,7 +520,7 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("att", 3, 4, "B·n_heads·head_dim; MLA B·max(n_heads·(v_head_dim + kv_lora_rank), q_lora_rank, "
            "kv_lora_rank + head_dim)", "att (attention output; MLA: then each head's weighted latent, and "
            "in step 1 the q latent and kv_a's output)"),
-    Buffer("scores", 3, 3, "max_seq", "scores"),
+    Buffer("scores", 3, 3, "max_seq", "scores", cls="scratch"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
     Buffer("up", 8, 8, "B·ffn", "up"),
@@ -450,7 +531,7 @@ BUFFERS: tuple[Buffer, ...] = (
 N_BASE_BUFFERS = sum(not b.extra for b in BUFFERS)
 # The int8 activations of the integer matmuls: live through every step; its offset has its own header
 # field (xq_offset), so it is not one of the table's buffers.
-XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)")
+XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)", cls="scratch")
 
 
 def blob_minor(flags: int, int8_acts: bool, int4: bool = False) -> int:
@@ -510,8 +591,15 @@ def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports 
     on = {**deepseek, "TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
-          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0}
+          "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,
+          "PARAMS": bool(model_params(spec))}
     return sum(FLAG[name] for name, v in on.items() if v)
+
+
+def model_params(spec) -> dict[tuple[str, int], float | int]:  # noqa: ANN001 (a ModelSpec)
+    """The parameters section of a ModelSpec as {(key name, index): value}; empty: the blob has none."""
+    out: dict[tuple[str, int], float | int] = {}
+    return out
 
 
 def blob_names(spec, tokenizer: bool = False) -> list[str]:  # noqa: ANN001 (a ModelSpec)

@@ -89,8 +89,25 @@ def c_header() -> str:
     for name, code in fmt.DTYPES.items():
         add(f"#define CB_DTYPE_{name.upper()} {code}u")
     add(f"#define CB_DTYPE_LAST {max(fmt.DTYPES.values())}u /* codes above: formats this runtime lacks */")
-    add(f"#define CB_BYTES_DTYPE {fmt.BYTES_DTYPE}u /* U8: raw bytes, the TOKENIZER entry only */")
+    add(f"#define CB_BYTES_DTYPE {fmt.BYTES_DTYPE}u /* U8: raw bytes, the TOKENIZER and PARAMS entries only */")
     add(f"#define CB_INT4_BLOCK_BYTES {fmt.INT4_BLOCK_BYTES}u /* an int4 row: this many bytes a Q8 block */")
+    add("")
+    add("/* the parameters section (FORMAT.md \"Parameters\"): records of {u16 key, u16 index, u32 value} */")
+    add(f"#define CB_PARAM_RECORD_BYTES {fmt.PARAM_RECORD.size}u")
+    for i, t in enumerate(fmt.PARAM_TYPES):
+        add(f"#define CB_PARAM_{t.upper()} {i}u")
+    for p in fmt.PARAMS:
+        add(f"#define CB_PARAM_{p.name} {p.code}u /* {p.type}, {'per layer' if p.per_layer else 'global'} */")
+    add(f"#define CB_PARAM_FLAGS 0x{fmt.PARAM_FLAGS:X}u /* flags whose feature reads parameters */")
+    add("typedef struct cb_param_def {")
+    add("    uint16_t key;")
+    add("    uint8_t type, per_layer, required; /* required: its flag needs at least one record of it */")
+    add("    uint32_t flag;")
+    add("} cb_param_def;")
+    add("/* every key this runtime knows, then a key-0 end mark */")
+    defs = [f"{{{p.code}u, CB_PARAM_{p.type.upper()}, {int(p.per_layer)}u, {int(p.required)}u, CB_FLAG_{p.flag}}}"
+            for p in fmt.PARAMS]
+    add("#define CB_PARAM_DEFS { " + ", ".join(defs + ["{0u, 0u, 0u, 0u, 0u}"]) + " }")
     add("")
     add("/* tensor kinds */")
     add("enum cb_kind {")
@@ -149,6 +166,11 @@ def c_header() -> str:
     add(f"#define CB_N_BUFFERS {len(fmt.BUFFERS)}")
     add(f"#define CB_N_BASE_BUFFERS {fmt.N_BASE_BUFFERS} /* without a shared expert or dense layers */")
     add("#define CB_BUFFER_LIFETIMES { " + ", ".join(f"{{{b.first}, {b.last}}}" for b in fmt.BUFFERS) + " }")
+    add("/* each buffer's class of data (colibri_class in colibri.h); xq's is CB_XQ_CLASS, last in _XQ */")
+    classes = [f"COLIBRI_CLASS_{b.cls.upper()}" for b in fmt.BUFFERS]
+    add("#define CB_BUFFER_CLASSES { " + ", ".join(classes) + " }")
+    add(f"#define CB_XQ_CLASS COLIBRI_CLASS_{fmt.XQ_BUFFER.cls.upper()}")
+    add("#define CB_BUFFER_CLASSES_XQ { " + ", ".join(classes) + ", CB_XQ_CLASS }")
     add("")
     add("#endif /* CB_FORMAT_H */")
     return "\n".join(w) + "\n"
@@ -181,8 +203,13 @@ def doc_tables() -> dict[str, str]:
                         [(k.code, k.name, f"`{k.canonical}`", k.shape, k.dtypes, _since(k.since))
                          for k in fmt.KINDS]),
         "slots": _table(("slot", "kinds", "present when"), slots),
-        "buffers": _table(("i", "buffer", "f32 elements", "live steps"),
-                          [(i, b.doc, b.elements, f"{b.first}–{b.last}") for i, b in enumerate(fmt.BUFFERS)]),
+        "params": _table(("key", "name", "value", "records", "flag", "since", "meaning"),
+                         [(p.code, p.name, p.type, "one per layer (index = layer)" if p.per_layer else
+                           "one (index 0)", p.flag + (" (required)" if p.required else ""), _since(p.since), p.doc)
+                          for p in fmt.PARAMS]),
+        "buffers": _table(("i", "buffer", "f32 elements", "live steps", "class"),
+                          [(i, b.doc, b.elements, f"{b.first}–{b.last}", b.cls) for i, b in enumerate(fmt.BUFFERS)]
+                          + [("xq_offset", fmt.XQ_BUFFER.doc, fmt.XQ_BUFFER.elements, "0–11", fmt.XQ_BUFFER.cls)]),
     }
 
 

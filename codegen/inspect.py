@@ -82,7 +82,7 @@ def inspect_checkpoint(path: Path) -> dict:
 
 def _spec_from_header(h: dict) -> ModelSpec:
     f = fmt.FLAG
-    flags = h["flags"] & ~(f["TOKENIZER"] | fmt.KV_FLAGS)  # the model's features only
+    flags = h["flags"] & ~(f["TOKENIZER"] | f["PARAMS"] | fmt.KV_FLAGS)  # the model's features only
     return ModelSpec(
         arch="mixtral" if not flags & ~f["TIED"] else "qwen2_moe" if flags & f["QKV_BIAS"]
         else "qwen3_moe" if flags & f["QK_NORM_HEAD"] else "olmoe" if flags & f["QK_NORM_FULL"] else "deepseek",
@@ -123,6 +123,33 @@ def _read_blob(path: Path) -> bytes:
         os.close(fd)
 
 
+def _params(raw: bytes, e: dict, h: dict) -> dict:
+    """The parameters section as {"records": [[name, index, value], ...]} or {"problem": why}."""
+    data = raw[e["data_off"]:e["data_off"] + e["rows"]]
+    if len(data) != e["rows"]:
+        return {"problem": "parameters section beyond the blob"}
+    try:
+        recs = fmt.read_params(data, h["n_layers"], h["flags"])
+    except ValueError as err:
+        return {"problem": str(err)}
+    return {"records": [[p.name, i, v] for p, i, v in recs]}
+
+
+def _params_lines(params: dict) -> list[str]:
+    if "problem" in params:
+        return [f"  parameters section: problem: {params['problem']}"]
+    by_key: dict[str, list[tuple[int, float | int]]] = defaultdict(list)
+    for name, index, value in params["records"]:
+        by_key[name].append((index, value))
+    lines = [f"  parameters section: {len(params['records'])} records"]
+    for name, vals in by_key.items():
+        if fmt.PARAM[name].per_layer:
+            lines.append(f"    {name}: " + ", ".join(f"layer {i} {v:g}" for i, v in vals))
+        else:
+            lines.append(f"    {name}: {vals[0][1]:g}")
+    return lines
+
+
 def inspect_blob(path: Path) -> dict:
     raw = _read_blob(path)
     if len(raw) < fmt.HEADER_BYTES or fmt.read_header(raw)["magic"] != fmt.MAGIC:
@@ -161,6 +188,9 @@ def inspect_blob(path: Path) -> dict:
         data_off = e["data_off"]
         if e["kind"] == fmt.KIND["TOKENIZER"].code:  # the tokenizer section: bytes, not weights
             out["tokenizer_bytes"] = e["rows"]
+            continue
+        if e["kind"] == fmt.KIND["PARAMS"].code:  # the parameters section: values, not weights
+            out["params"] = _params(raw, e, h)
             continue
         nxt = next((x for x in ends if x > data_off), len(raw))
         nbytes = nxt - data_off
@@ -206,6 +236,8 @@ def format_report(info: dict) -> str:
         lines.append("  source dtypes " + ", ".join(f"{k}: {v} tensors" for k, v in info["source_dtypes"].items()))
     if "quantization" in info:
         lines.append("  quantization " + ", ".join(f"{k}: {v:,} weights" for k, v in info["quantization"].items()))
+    if "params" in info:
+        lines += _params_lines(info["params"])
     if "tokenizer_bytes" in info:
         lines.append(f"  tokenizer section: {info['tokenizer_bytes']:,} bytes")
     if "expert_bytes" in info:

@@ -30,6 +30,10 @@ N_BASE_BUFFERS = fmt.N_BASE_BUFFERS
 # the int8 activations of the integer matmuls (codegen/layout.py), live through every step; its offset
 # has its own header field, so it comes after the table's buffers
 XQ_BUFFER = (fmt.XQ_BUFFER.name, fmt.XQ_BUFFER.first, fmt.XQ_BUFFER.last)
+# Classes of data (format.CLASSES), each one range of the arena in format.ARENA_ORDER, so that each may
+# live in a memory of its own (colibri_init_regions); the class of each buffer, xq's included.
+CLASSES = fmt.CLASSES
+BUFFER_CLASS = {b.name: b.cls for b in (*fmt.BUFFERS, fmt.XQ_BUFFER)}
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -56,6 +60,12 @@ class ArenaPlan:
     kv_cache_bytes: int
     prefill_block: int = 1  # tokens the per-token buffers hold
     kv: str = "f32"  # the KV cache precision (format.KV_DTYPES)
+    # class -> (first arena offset, bytes): each class's range, its bytes rounded up to ALIGN (what a
+    # region of colibri_init_regions must hold); the activations' range starts at 0, with the context
+    classes: tuple[tuple[str, int, int], ...] = ()
+
+    def class_bytes(self, cls: str) -> int:
+        return next(n for c, _, n in self.classes if c == cls)
 
     def to_json(self) -> dict:
         return {
@@ -65,8 +75,10 @@ class ArenaPlan:
             "kv_cache_dtype": self.kv,
             "context_bytes": CTX_BYTES,
             "prefill_block": self.prefill_block,
+            "classes": {c: {"offset": off, "bytes": n} for c, off, n in self.classes},
             "buffers": [
-                {"name": b.name, "offset": b.offset, "bytes": b.nbytes, "live_steps": [b.first, b.last]}
+                {"name": b.name, "offset": b.offset, "bytes": b.nbytes, "live_steps": [b.first, b.last],
+                 "class": BUFFER_CLASS[b.name]}
                 for b in self.buffers
             ],
         }
@@ -142,8 +154,8 @@ def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:
 
 def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool = False,
                max_block: int = MAX_PREFILL_BLOCK, kv: str = "f32") -> ArenaPlan:
-    """Greedy by size: each buffer takes the lowest offset free of every placed
-    buffer whose lifetime overlaps its own (TFLite Micro's greedy planner).
+    """Each class of data (CLASSES) one range of the arena, in format.ARENA_ORDER, planned greedy by
+    size within it (_greedy).
     block: tokens per prefill block (default: prefill_block(), at most max_block); q8: the model has
     integer matmuls, which need the xq buffer (last in `buffers`); kv: the KV cache precision."""
     if kv not in fmt.KV_DTYPES:
@@ -156,20 +168,18 @@ def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool
     sizes = {name: align_up(nbytes[name]) for name, _, _ in lifetimes if name != "xq"}
     if q8:
         sizes["xq"] = block * xq_row_bytes(spec)
-    order = sorted(range(len(lifetimes)), key=lambda i: (-sizes[lifetimes[i][0]], i))
     placed: dict[int, Buffer] = {}
-    for i in order:
-        name, first, last = lifetimes[i]
-        cand = Buffer(name, sizes[name], first, last, 0)
-        busy = sorted((b.offset, b.offset + b.nbytes) for b in placed.values() if b.live_with(cand))
-        offset = CTX_BYTES
-        for lo, hi in busy:
-            if offset + cand.nbytes <= lo:
-                break
-            offset = max(offset, hi)
-        placed[i] = Buffer(name, cand.nbytes, first, last, offset)
+    classes = []
+    base = 0
+    for cls in fmt.ARENA_ORDER:  # each class greedy in a range of its own, the next one after it
+        members = [i for i, (name, _, _) in enumerate(lifetimes) if BUFFER_CLASS[name] == cls]
+        start = CTX_BYTES if cls == "activations" else base
+        placed.update(_greedy(lifetimes, sizes, members, start))
+        end = align_up(max((placed[i].offset + placed[i].nbytes for i in members), default=start))
+        classes.append((cls, base, end - base))
+        base = end
     buffers = tuple(placed[i] for i in range(len(lifetimes)))
-    arena = max(b.offset + b.nbytes for b in buffers)
+    arena = base  # the classes side by side: the regions of colibri_init_regions fill it exactly
     return ArenaPlan(
         buffers=buffers,
         arena_bytes=arena,
@@ -177,7 +187,25 @@ def plan_arena(spec: ModelSpec, max_seq: int, block: int | None = None, q8: bool
         kv_cache_bytes=sizes["key_cache"] + sizes["value_cache"],
         prefill_block=block,
         kv=kv,
+        classes=tuple(sorted(classes, key=lambda c: CLASSES.index(c[0]))),
     )
+
+
+def _greedy(lifetimes, sizes: dict[str, int], members: list[int], start: int) -> dict[int, Buffer]:
+    """Greedy by size: each buffer takes the lowest offset from start free of every placed buffer whose
+    lifetime overlaps its own (TFLite Micro's greedy planner)."""
+    placed: dict[int, Buffer] = {}
+    for i in sorted(members, key=lambda i: (-sizes[lifetimes[i][0]], i)):
+        name, first, last = lifetimes[i]
+        cand = Buffer(name, sizes[name], first, last, 0)
+        busy = sorted((b.offset, b.offset + b.nbytes) for b in placed.values() if b.live_with(cand))
+        offset = start
+        for lo, hi in busy:
+            if offset + cand.nbytes <= lo:
+                break
+            offset = max(offset, hi)
+        placed[i] = Buffer(name, cand.nbytes, first, last, offset)
+    return placed
 
 
 def largest_max_seq(spec: ModelSpec, room: int, cap: int, block: int | None = None, q8: bool = False,

@@ -20,8 +20,11 @@ KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.
               15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",
               24: "mlp.gate", 25: "mlp.down", 26: "mlp.up",
-              27: "tokenizer"}  # the TOKENIZER flag: raw bytes (dtype 7, U8), the table's last entry
+              27: "tokenizer",  # the TOKENIZER flag: raw bytes (dtype 7, U8), the table's last entry
+              28: "params"}  # the PARAMS flag: raw bytes (U8) before the TOKENIZER entry
 TOKENIZER_FLAG, TOKENIZER_KIND, U8 = 1 << 9, 27, 7
+PARAMS_FLAG, PARAMS_KIND = 1 << 10, 28
+SECTION_KINDS = (TOKENIZER_KIND, PARAMS_KIND)
 ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1"), 5: np.dtype("u1"),
         6: np.dtype("u1")}
 INT4 = (5, 6)  # format 1.3: int4, int4c
@@ -63,7 +66,7 @@ def canonical_name(e: dict) -> str:
     kind = KIND_NAMES[e["kind"]]
     if kind in ("gate", "down", "up"):
         return f"layers.{e['layer']}.moe.experts.{e['expert']}.{kind}"
-    if kind in ("embed", "rope_freq", "final_norm", "lm_head", "tokenizer"):
+    if kind in ("embed", "rope_freq", "final_norm", "lm_head", "tokenizer", "params"):
         return kind
     return f"layers.{e['layer']}.{kind}"
 
@@ -134,7 +137,7 @@ class BlobWeights(dict):
         self._q8: set[str] = set()
         self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for e in entries(raw):
-            if e["kind"] == TOKENIZER_KIND:  # bytes, not weights
+            if e["kind"] in SECTION_KINDS:  # bytes, not weights
                 continue
             name = canonical_name(e)
             w = dequantize(raw, e)
@@ -161,6 +164,27 @@ def tokenizer_section(raw: bytes) -> bytes | None:
     e = entries(raw)[-1]
     assert e["kind"] == TOKENIZER_KIND and e["dtype"] == U8 and e["cols"] == 1 and e["data_off"] % 64 == 0
     return raw[e["data_off"]:e["data_off"] + e["rows"]]
+
+
+def params_records(raw: bytes) -> list[tuple[int, int, int]]:
+    """FORMAT.md "Parameters": with the PARAMS flag, the PARAMS entry (the last but the TOKENIZER one)
+    holds rows bytes at data_off: 8-byte records `u16 key, u16 index, u32 value`, little-endian, sorted by
+    (key, index). Returns the (key, index, value bits) triples; [] without the flag."""
+    h = header(raw)
+    if not h["flags"] & PARAMS_FLAG:
+        return []
+    e = entries(raw)[-2 if h["flags"] & TOKENIZER_FLAG else -1]
+    assert e["kind"] == PARAMS_KIND and e["dtype"] == U8 and e["cols"] == 1 and e["row_stride"] == 1
+    assert e["rows"] > 0 and e["rows"] % 8 == 0 and e["data_off"] % 64 == 0
+    data = raw[e["data_off"]:e["data_off"] + e["rows"]]
+    recs = [struct.unpack_from("<HHI", data, i) for i in range(0, len(data), 8)]
+    assert all((a[0], a[1]) < (b[0], b[1]) for a, b in zip(recs, recs[1:], strict=False)), "records sorted strictly"
+    return recs
+
+
+def param_f32(bits: int) -> float:
+    """An f32 parameter's value from its record's u32 (its IEEE-754 bits)."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def weights(path: Path) -> BlobWeights:

@@ -127,7 +127,40 @@ def build_model(tmp_path_factory):
             built[key] = None
         return dirs[key]
 
+    get.root = root  # for tests that run scons themselves on the shared root (another model, null builds)
     return get
+
+
+# Parallel runs (pytest-xdist, `-n 2` in toolchain/dev.sh): the tests of one file run on one worker, so its
+# module fixtures are built once; files that share session builds run on the same worker (test_size
+# audits test_cross's builds). The files that take longest start first, so the two workers finish
+# together rather than one waiting on a long file picked up last; the others keep their order.
+XDIST_GROUP = {"test_size": "test_cross"}
+LONGEST_FIRST = ("test_cross", "test_size", "test_tokenizer", "test_int4", "test_kv", "test_kernels", "test_fuzz",
+                 "test_firmware_kernels", "test_firmware", "test_spine", "test_families", "test_fuzz_export",
+                 "test_badblob", "test_fuzz_size", "test_export")
+
+
+def _group(nodeid: str) -> str:
+    stem = Path(nodeid.split("::")[0]).stem
+    return XDIST_GROUP.get(stem, stem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units of whole files (their groups), in collection order."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest hook signature
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file and test order kept
 
 
 # Under CI=true a skip is a failure: a CI image that lost a compiler, QEMU or a dev-only extra must not

@@ -25,7 +25,15 @@ def cross() -> list[str]:
 
 
 def firmware() -> list[str]:
-    return names("firmware")
+    """The firmware targets, one per compiler, flags and QEMU command: a board variant that differs from
+    another only in its memory map (stm32h7-qspi beside stm32h7) compiles and boots the same code, so the
+    kernel and model tests run on the first by name; its memory map has tests of its own
+    (tests/test_memory_regions.py)."""
+    seen: dict[tuple, str] = {}
+    for n in sorted(names("firmware")):
+        t = load_target(n)
+        seen.setdefault((t.cc, t.cflags, t.linkflags, t.runner), n)
+    return sorted(seen.values())
 
 
 def one_per_arch(targets: list[str]) -> list[str]:

@@ -129,26 +129,30 @@ def test_missing_compiler_names_the_package(cross_ckpt, tmp_path):
     assert not (tmp_path / "b" / "ghost").exists()
 
 
-def test_all_targets_in_one_run_and_null_build(cross_ckpt, tmp_path):
+def test_all_targets_in_one_run_and_null_build(build_model, tmp_path):
+    """One scons run for every target exports the model once; a second model compiles only what depends on
+    the model; a rerun is a null build. On the session's shared build root, whose model-independent objects
+    other tests have built (or this one builds: the assertions hold either way)."""
     usable = [t for t in CROSS if not load_target(t).missing()]
-    build = tmp_path / "b"
-    res = scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", build=build)
-    exports = [line for line in res.stdout.splitlines() if line.startswith("model crossm:")]
+    build = build_model.root
+    ckpt = synth(tmp_path / "allm", **{**CROSS_SHAPE, "seed": 24})
+    res = scons(f"MODEL={ckpt}", f"TARGET={','.join(usable)}", build=build)
+    exports = [line for line in res.stdout.splitlines() if line.startswith("model allm:")]
     assert len(exports) == 1, "the model must be exported once for all targets"
     for t in usable:
-        assert (build / t / "crossm" / "colibri_demo").is_file()
-        assert (build / t / "crossm" / "compile_commands.json").is_file()
+        assert (build / t / "allm" / "colibri_demo").is_file()
+        assert (build / t / "allm" / "compile_commands.json").is_file()
     # a second model of one target in the same build directory compiles only what depends on the model;
     # its obj/ holds the same shared objects, with their stack files, as the first's
     other = synth(tmp_path / "other" / "otherm", **{**CROSS_SHAPE, "seed": 22})
     compiled = [line.split()[-1] for line in scons(f"MODEL={other}", f"TARGET={usable[0]}", build=build).stdout
                 .splitlines() if line.startswith("CC ")]
     assert compiled and not [c for c in compiled if "/generic/" in c or Path(c).stem in SHARED_PROGRAM_OBJECTS]
-    first, second = build / usable[0] / "crossm" / "obj", build / usable[0] / "otherm" / "obj"
+    first, second = build / usable[0] / "allm" / "obj", build / usable[0] / "otherm" / "obj"
     for obj in sorted((first / "generic").glob("*.os")) + [first / f"{o}.o" for o in SHARED_PROGRAM_OBJECTS]:
         assert (second / obj.relative_to(first)).read_bytes() == obj.read_bytes(), obj.name
         assert (second / obj.relative_to(first)).with_suffix(".su").is_file(), obj.name
-    assert scons(f"MODEL={cross_ckpt}", f"TARGET={','.join(usable)}", "--question", build=build,
+    assert scons(f"MODEL={ckpt}", f"TARGET={','.join(usable)}", "--question", build=build,
                  check=False).returncode == 0
 
 

@@ -194,8 +194,10 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     assert 0 < runtime_text <= objects_text
     # 12,445 B with the blob schema's bound checks and the per-check CB_BAD sites; the int4 dispatch and
     # the f16/int8 KV cache paths took the runtime alone to 12,856 B, linked even into an int8c/f32-KV image
-    # (to win back: a specialised build could drop them). Past 14 KiB it has grown by more than that.
-    assert code < 14 * 1024, "runtime + startup over 14 KiB at -Os"
+    # (to win back: a specialised build could drop them). The arena across memories (colibri_init_regions, its
+    # class ranges and checks, which model.c calls in place of colibri_init) adds about 500 B. Past 14.5 KiB it
+    # has grown by more than that.
+    assert code < 14.5 * 1024, "runtime + startup over 14.5 KiB at -Os"
     assert flash["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
     assert audit["budget"]["flash"]["ok"] and audit["budget"]["ram"]["ok"]
     assert audit["budget"]["flash"]["limit"] == 2097152 and audit["budget"]["ram"]["limit"] == 1048576
@@ -210,7 +212,7 @@ def test_over_budget_model_fails_naming_region_and_overflow(tmp_path):
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "overflow" in ln]
     assert len(lines) == 1, lines  # one line, not the linker's own
     m = re.fullmatch(r"colibri: stm32h7: model too_big does not fit: FLASH overflowed by (\d+) bytes "
-                     r"\(region 2097152 bytes, flash budget 2097152\)", lines[0])
+                     r"\(region 2097152 bytes, flash budget 2097152\): model \(\.rodata\.model\)", lines[0])
     assert m, lines[0]
     out = output_dirs(res)["stm32h7"]  # build/stm32h7/too_big-f32: not the default options
     assert out.parent == build / "stm32h7"
@@ -229,7 +231,7 @@ def test_arena_over_its_sram_fails_naming_region(small_ckpt, tmp_path):
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "overflow" in ln]
     assert len(lines) == 1, lines
     m = re.fullmatch(r"colibri: stm32h7: model fw_small does not fit: AXI_SRAM overflowed by (\d+) bytes "
-                     r"\(region 524288 bytes, ram budget 1048576\)", lines[0])
+                     r"\(region 524288 bytes, ram budget 1048576\): kv_cache \(\.bss\.colibri_kv\)", lines[0])
     assert m, lines[0]
     out = output_dirs(res)["stm32h7"]
     h = (_gen(out, "int8c") / "model.h").read_text()

@@ -41,7 +41,7 @@ fx = _load_fixture_builder()
 
 CHROMIUM = "/usr/bin/chromium"
 TOP_KEYS = {"schema", "file", "file_bytes", "elf", "members", "target", "allocated_bytes", "sections", "regions",
-            "memory", "categories", "files", "symbols", "weights", "abi", "stack", "budget", "warnings"}
+            "memory", "categories", "files", "symbols", "weights", "models", "abi", "stack", "budget", "warnings"}
 
 
 def _skip_unless(cc: list[str]) -> None:

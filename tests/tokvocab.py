@@ -5,8 +5,10 @@ ids, .inp/.out) from the llama-cpp-python 0.3.36 sdist that `toolchain/dev.sh se
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import random
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,11 +32,16 @@ def gguf_to_hf(name: str, tmp: Path) -> Path:
     import transformers
 
     dest = CONVERTED / f"{name}-transformers-{transformers.__version__}"
-    if not (dest / "tokenizer.json").is_file():
-        tok = transformers.AutoTokenizer.from_pretrained(str(MODELS), gguf_file=f"ggml-vocab-{name}.gguf")
-        tok.save_pretrained(str(tmp))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(dest) if not dest.exists() else None
+    CONVERTED.mkdir(parents=True, exist_ok=True)
+    # one conversion even when test files on two workers (pytest -n 2) ask for it at once
+    with open(CONVERTED / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (dest / "tokenizer.json").is_file():
+            tok = transformers.AutoTokenizer.from_pretrained(str(MODELS), gguf_file=f"ggml-vocab-{name}.gguf")
+            tok.save_pretrained(str(tmp))
+            if dest.exists():  # what an interrupted conversion left
+                shutil.rmtree(dest)
+            tmp.rename(dest)
     return dest
 
 

@@ -68,6 +68,17 @@ def abi_major() -> int:
 
 
 @cache
+def abi_minor() -> int:
+    """COLIBRI_ABI_MINOR: the compatible additions since the major (a program built against minor N runs on any
+    runtime of the same major and a minor >= N)."""
+    header = RUNTIME_DIR / "include" / "colibri.h"
+    m = re.search(r"^#define COLIBRI_ABI_MINOR (\d+)\b", header.read_text(), re.M)
+    if not m:
+        raise RuntimeError(f"{header}: no #define COLIBRI_ABI_MINOR")
+    return int(m.group(1))
+
+
+@cache
 def package_version() -> str:
     """The installed colibri's version (pyproject.toml's), as the pkg-config files state it."""
     from colibri.codegen import __version__

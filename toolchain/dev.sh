@@ -92,7 +92,9 @@ demo() {
 tests() {
   setup
   .venv/bin/ruff check .
-  .venv/bin/python -m pytest -q --durations=15 tests "$@"  # and the 15 slowest tests at the end
+  # two workers (the machines have 2 cores and much of the suite waits on one process: QEMU, an export);
+  # the 15 slowest tests at the end
+  .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests "$@"
 }
 
 case "${1:-}" in

@@ -2,6 +2,7 @@
 
 A firmware target (targets/<name>.toml, kind = "firmware") describes the real part:
 `[[memory]]` regions, a `[placement]` of vectors/text/model/rodata/stack/data/bss/arena
+(and of the arena's classes kv_cache/activations/scratch, by default where the arena is)
 into them, `[budget]` flash/ram and `stack_bytes`. When the QEMU machine that boots the
 image has another map, `qemu_memory` (and optionally `qemu_placement`) give a second
 variant: both linker scripts come from firmware_examples/firmware.ld.j2.
@@ -27,12 +28,27 @@ from pathlib import Path
 
 from .size.audit import Options, audit, over_budget, region_overflow
 from .size.command import report_line
-from .size.regions import MemoryRegion
+from .size.regions import KIND_ROLE, MemoryRegion, section_class
 from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
 TEMPLATE = "firmware.ld.j2"
 PLACEMENT_KEYS = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
+CLASS_KEYS = ("kv_cache", "activations", "scratch")  # optional; default: the arena's region
+# The region kinds each placement key may name (target_schema.REGION_KINDS). External flash is mapped by
+# the startup, after reset: the vector table stays in internal memory (a QEMU image may boot from RAM).
+# External RAM is set up by the startup too, after .data/.bss and the stack are needed; the weights are
+# read in place, never copied, so they live in a flash region, internal or memory-mapped.
+_RAM, _FLASH = ("ram", "ext-ram"), ("flash", "xip-flash")
+PLACE_KINDS = {"vectors": ("flash", "ram"), "text": _FLASH, "model": _FLASH, "rodata": _FLASH, "stack": ("ram",),
+               "data": ("ram",), "bss": ("ram",), "arena": _RAM, "kv_cache": _RAM, "activations": _RAM,
+               "scratch": _RAM}
+WHY_NOT = {
+    ("model", "ext-ram"): "the weights are read in place and the startup does not copy them into RAM",
+    ("vectors", "xip-flash"): "the core boots from internal memory, before external flash is mapped",
+    **{(k, "ext-ram"): "boot code uses it before the external memory controller is set up"
+       for k in ("stack", "data", "bss")},
+}
 FAMILIES = {
     # app sources, entry symbol, stack roots: the reset path, then exception handlers
     "cortex-m": {"sources": ("cortex-m/startup.c",), "entry": "Reset_Handler",
@@ -96,8 +112,8 @@ def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> 
     for r in raw:
         name = r.get("name")
         kind = r.get("kind") or (kinds or {}).get(name)
-        if not name or kind not in ("flash", "ram"):
-            raise TargetError(f"{path}: {what}: region {r!r} needs a name and kind = \"flash\" or \"ram\"")
+        if not name or kind not in KIND_ROLE:
+            raise TargetError(f"{path}: {what}: region {r!r} needs a name and kind = one of {', '.join(KIND_ROLE)}")
         out.append(MemoryRegion(name, _int(r.get("origin"), f"{name}.origin", path),
                                 _int(r.get("length"), f"{name}.length", path), kind))
     names = [r.name for r in out]
@@ -108,23 +124,24 @@ def _regions(raw, path: str, what: str, kinds: dict[str, str] | None = None) -> 
 
 def _variant(name: str, regions: tuple[MemoryRegion, ...], place: dict, path: str) -> Variant:
     missing = [k for k in PLACEMENT_KEYS if k not in place]
-    unknown = [k for k in place if k not in PLACEMENT_KEYS]
+    unknown = [k for k in place if k not in PLACEMENT_KEYS + CLASS_KEYS]
     if missing or unknown:
         problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
             [f"unknown keys {', '.join(unknown)}"] if unknown else [])
         raise TargetError(f"{path}: {name} placement: {'; '.join(problems)}")
+    place = {**{k: place["arena"] for k in CLASS_KEYS}, **place}  # the classes default to the arena's region
     by_name = {r.name: r for r in regions}
-    for key in PLACEMENT_KEYS:
+    for key in PLACEMENT_KEYS + CLASS_KEYS:
         region = by_name.get(place[key])
         if region is None:
             raise TargetError(f"{path}: {name} placement {key} = {place[key]!r}: no such region")
-        want = "flash" if key in ("text", "model", "rodata") else "ram" if key in ("stack", "data", "bss",
-                                                                                  "arena") else None
-        if want and region.kind != want:
-            raise TargetError(f"{path}: {name} placement {key} = {region.name!r} is {region.kind}, not {want}")
+        if region.kind not in PLACE_KINDS[key]:
+            why = f" ({WHY_NOT[(key, region.kind)]})" if (key, region.kind) in WHY_NOT else ""
+            raise TargetError(f"{path}: {name} placement {key} = {region.name!r} is {region.kind}, not "
+                              f"{' or '.join(PLACE_KINDS[key])}{why}")
     if place["data"] != place["bss"]:
         raise TargetError(f"{path}: data and bss must share a region (thread-local data spans both)")
-    return Variant(name, regions, dict(place))
+    return Variant(name, regions, place)
 
 
 def firmware_spec(t: Target) -> Firmware:
@@ -257,6 +274,7 @@ def _link_action(target, source, env):  # SCons action signature
 
 
 _OVERFLOW = re.compile(r"region [`']([^']+)' overflowed by (\d+) bytes")
+_NOT_FIT = re.compile(r"section [`']([^']+)' will not fit in region [`']([^']+)'")
 
 
 def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
@@ -287,6 +305,8 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
         raise FirmwareError("does not fit: " + "; ".join(problems))
     rows = {r["name"]: r for r in report["sections"]}
     for need, kind in ((".rodata.model", "flash"), (".bss.colibri_arena", "ram")):
+        if need == ".rodata.model" and cfg.get("partition"):
+            continue  # an application image: the weights are in their partition (toolchain/partition.py)
         if not rows.get(need, {}).get(kind):
             raise FirmwareError(f"{need} is not in a {kind} region")
     for fmt, path in (("binary", outs[2]), ("ihex", outs[3])):
@@ -307,8 +327,12 @@ def _link_failure(stderr: str, cfg: dict) -> str:
     if overflows:
         regions = {r["name"]: r for r in cfg["regions"]}
         limits = {"flash": cfg["flash_budget"], "ram": cfg["ram_budget"]}
+        classes: dict[str, dict[str, str]] = {}  # region -> the classes of data that did not fit, by section
+        for sec, region in _NOT_FIT.findall(stderr):
+            classes.setdefault(region, {}).setdefault(section_class(sec), sec)
         return "does not fit: " + "; ".join(
-            region_overflow(name, n, regions[name]["length"], regions[name]["kind"], limits) if name in regions
+            region_overflow(name, n, regions[name]["length"], KIND_ROLE[regions[name]["kind"]], limits,
+                            classes.get(name)) if name in regions
             else f"{name} overflowed by {n} bytes" for name, n in overflows.items())
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln] or lines

@@ -20,7 +20,7 @@ from SCons.Script import (  # type: ignore[import-not-found]
 )
 
 from .csources import COMMON_CFLAGS, GCC_DEBUG_CFLAGS, RUNTIME_DIR, prefix_map_flags
-from .scons import compiledb, export, firmware, launcher, linux, safe
+from .scons import compiledb, export, firmware, launcher, linux, multimodel, partition, safe
 from .scons.layout import (
     OUTPUT_LINE,
     LayoutError,
@@ -35,7 +35,8 @@ from .scons.safe import dir_node, escape, escape_all, shown
 from .targets import ROOT, Target, TargetError, all_targets, load_target
 
 DEFAULT_MODEL = "firmware_examples/models/adder"  # the trained demo model (firmware_examples/models/README.md)
-TOOLS = (safe, launcher, compiledb, export, linux, firmware)  # each adds its builder method (env.ColibriExport, ...)
+# each adds a builder method (env.ColibriExport, ...)
+TOOLS = (safe, launcher, compiledb, export, linux, firmware, partition, multimodel)
 QUIET = {"CCCOM": "CC", "SHCCCOM": "CC", "ASPPCOM": "AS", "SHASPPCOM": "AS", "LINKCOM": "LINK",
          "SHLINKCOM": "LINK", "ARCOM": "AR", "RANLIBCOM": "RANLIB"}
 
@@ -69,6 +70,24 @@ def _kv(arg: str) -> str:
     if arg not in KV_DTYPES:
         _fail(f"KV={arg}: expected one of {', '.join(KV_DTYPES)}")
     return arg
+
+
+def _partition(arg: str) -> str:
+    from .partition import PARTITION_NAMES
+
+    if arg and arg not in PARTITION_NAMES:
+        _fail(f"PARTITION={arg}: expected {' or '.join(PARTITION_NAMES)}")
+    return arg
+
+
+def _generic(arg: str, part: str) -> bool:
+    """GENERIC=1: the application's runtime reads the dimensions from the partition's blob (any model
+    within the arena it reserved), not from model.h; only with PARTITION=model."""
+    if arg not in ("0", "1"):
+        _fail(f"GENERIC={arg}: expected 0 or 1")
+    if arg == "1" and not part:
+        _fail("GENERIC=1: only with PARTITION=model (a model linked in is the build's own)")
+    return arg == "1"
 
 
 def _max_seq(arg: str) -> int | str:
@@ -187,12 +206,82 @@ def _build_dir(arguments: dict) -> Path:
     return build
 
 
+def _checkpoints(arguments: dict) -> list[Path]:
+    """MODEL=a,b: the checkpoints of an image of several models; one (the default) when MODEL names one
+    directory (a comma in its name included)."""
+    model_arg = arguments.get("MODEL", "")
+    if "," not in model_arg or (Path(model_arg) / "config.json").is_file():
+        return [_checkpoint(arguments)]
+    return [_checkpoint({"MODEL": m}) for m in model_arg.split(",")]
+
+
+def _build_multi(arguments: dict, ckpts: list[Path]) -> None:
+    """The graph of `MODEL=a,b`: each model exported once per weight layout of the targets, then one image
+    per firmware target with them all."""
+    from colibri.codegen.emit import c_identifier
+
+    from .multimodel import ARENA_MODES, MultiModelError, check_names, image_name
+
+    arena = arguments.get("ARENA", "shared")
+    if arena not in ARENA_MODES:
+        _fail(f"ARENA={arena}: expected one of {', '.join(ARENA_MODES)}")
+    for option in ("PARTITION", "SANITIZE"):
+        if arguments.get(option):
+            _fail(f"{option}: not with MODEL=a,b (several models in one image)")
+    opts = _options(arguments)
+    if opts["max_seq"] == "auto":
+        _fail("MAX_SEQ=auto: one model at a time (give MAX_SEQ=<positions> with MODEL=a,b)")
+    cnames = [c_identifier(c.name) for c in ckpts]
+    try:
+        check_names(cnames, [shown(c) for c in ckpts])
+    except MultiModelError as e:
+        _fail(str(e))
+    targets = _targets(arguments.get("TARGET", "host"))
+    build = _build_dir(arguments)
+    try:
+        keys = [model_name(build, c, n) + option_suffix(opts, export_defaults())
+                for c, n in zip(ckpts, cnames, strict=True)]
+    except LayoutError as e:
+        _fail(str(e))
+        raise
+    base = _base_env(arguments)
+    gens: dict[tuple, dict] = {}
+    outputs = []
+    kernels = arguments.get("KERNELS", "simd")
+    for t in targets:
+        if t.kind != "firmware":
+            _fail(f"MODEL=a,b: target {t.name} is {t.kind}: several models in one image are built for firmware "
+                  "targets")
+        t_opts = {**opts, "layout": t.weight_layout, "max_prefill_block": t.max_prefill_block}
+        for c, k in zip(ckpts, keys, strict=True):
+            if (k, t.weight_layout, t.max_prefill_block) not in gens:
+                gens[(k, t.weight_layout, t.max_prefill_block)] = base.ColibriExport(
+                    c, build / "gen" / k / gen_dir(opts["quant"], t.weight_layout, t.max_prefill_block), t_opts)
+        out = build / target_dir(t.name, [], kernels == "scalar") / image_name(keys, arena)
+        env = _target_env(base, t, [], kernels == "scalar")
+        env.Append(CCFLAGS=(list(GCC_DEBUG_CFLAGS) if t.cc_argv[0].endswith("gcc") else [])
+                   + ["$(", *escape_all(prefix_map_flags(ROOT, build)), "$)"])
+        outputs += env.ColibriMulti(t, cnames, [gens[(k, t.weight_layout, t.max_prefill_block)] for k in keys],
+                                    out, arena)
+        print(OUTPUT_LINE.format(target=t.name, ckpt=",".join(shown(c) for c in ckpts), out=shown(out)))
+    if not COMMAND_LINE_TARGETS:
+        Default(outputs)
+
+
 def build_all(arguments: dict) -> None:
     sanitize = [s for s in arguments.get("SANITIZE", "").split(",") if s]
     kernels = arguments.get("KERNELS", "simd")  # scalar: -DCOLIBRI_SCALAR, out to build/<target>-scalar/
     if kernels not in ("simd", "scalar"):
         _fail(f"KERNELS={kernels}: expected simd or scalar")
+    ckpts = _checkpoints(arguments)
+    if len(ckpts) > 1:  # MODEL=a,b: one firmware image holding them (toolchain/multimodel.py)
+        _build_multi(arguments, ckpts)
+        return
+    if arguments.get("ARENA"):
+        _fail(f"ARENA={arguments['ARENA']}: only with MODEL=a,b (a single model has an arena of its own)")
     ckpt = _checkpoint(arguments)
+    part = _partition(arguments.get("PARTITION", ""))
+    generic = _generic(arguments.get("GENERIC", "0"), part)
     opts = _options(arguments)
     targets = _targets(arguments.get("TARGET", "host"))
     build = _build_dir(arguments)
@@ -226,7 +315,13 @@ def build_all(arguments: dict) -> None:
         # build signature ($( $)): the same objects wherever the checkout is, so CACHE=dir serves another one
         env.Append(CCFLAGS=(list(GCC_DEBUG_CFLAGS) if t.cc_argv[0].endswith("gcc") else [])
                    + ["$(", *escape_all(prefix_map_flags(ROOT, build)), "$)"])
-        if t.kind == "firmware":
+        if part and t.kind != "firmware":
+            _fail(f"PARTITION={part}: target {t.name} is not a firmware target")
+        if part:  # the application image and the model partition's (toolchain/partition.py)
+            if generic:
+                out = out.with_name(f"{key}-generic")
+            outputs += env.ColibriPartition(t, name, out.name, gens[export_key], out, generic=generic)
+        elif t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
         else:
             outputs += env.ColibriLinux(t, key, gens[export_key], out, static_exe=not sanitize)

@@ -3,12 +3,14 @@
 Loading checks a file against the schema (toolchain/target_schema.py). This adds the checks of a
 target as a whole: a firmware target's memory maps (the firmware view builds, so placement names
 known regions of the right kind; no two regions overlap; a budget is not larger than the regions of
-its kind; the QEMU map keeps each region's size) and that its compiler and runner are installed.
+its kind; the QEMU map keeps each region's size; each [partitions] table fits its region) and that
+its compiler and runner are installed.
 """
 
 from __future__ import annotations
 
 from .firmware import Firmware, Variant, firmware_spec
+from .partition import partition_problems
 from .targets import Target, TargetError
 
 
@@ -23,7 +25,7 @@ def map_problems(fw: Firmware) -> list[str]:
     """What is wrong with a firmware target's memory maps, one line each (empty: nothing)."""
     out = _overlaps(fw.part) + (_overlaps(fw.qemu) if fw.qemu else [])
     for kind, budget in (("flash", fw.flash_budget), ("ram", fw.ram_budget)):
-        total = sum(r.length for r in fw.part.regions if r.kind == kind)
+        total = sum(r.length for r in fw.part.regions if r.role == kind)
         if budget > total:
             out.append(f"budget.{kind} = {budget} is more than the part's {kind} regions hold ({total} bytes)")
     if fw.qemu:
@@ -45,6 +47,7 @@ def check_target(t: Target) -> list[str]:
             problems.append(str(e))
         else:
             problems += [f"{path}: {p}" for p in map_problems(fw)]
+            problems += partition_problems(fw)
     missing = t.missing(run=True)
     if missing:
         problems.append(f"{path}: {', '.join(missing)} not found; install it with: {t.install_hint()}")

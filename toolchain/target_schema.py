@@ -17,12 +17,15 @@ from typing import Any
 from colibri.codegen.layout import DEFAULT_LAYOUT, LAYOUTS
 from colibri.codegen.plan import MAX_PREFILL_BLOCK
 
-from .size.regions import parse_bytes
+from .size.regions import KIND_ROLE, parse_bytes
 
 KINDS = ("linux", "firmware")
 IMAGE = "image"  # required to build or boot a firmware image (checked by the build and `colibri targets --check`)
-REGION_KINDS = ("flash", "ram")
+REGION_KINDS = tuple(KIND_ROLE)
 PLACEMENT = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
+# The model's buffers by class (codegen/plan.py CLASSES), each in a region of its own if the target says so;
+# not given: the arena's region.
+CLASS_PLACEMENT = ("kv_cache", "activations", "scratch")
 # the prefill blocks the runtime's per-token arrays are written for (runtime_c/src/cb_runtime.h CB_MAX_BLOCK)
 PREFILL_BLOCKS = (32, MAX_PREFILL_BLOCK)
 KERNEL_PATHS = ("float", "int8")
@@ -49,15 +52,32 @@ def _region_keys(kind_required: bool) -> tuple[Key, ...]:
         Key("name", "string", "the region's name, as placement and the linker script spell it", required=("*",)),
         Key("origin", "size", "start address (an integer, or a size string such as \"0x8000\")", required=("*",)),
         Key("length", "size", "bytes (an integer, or a size string such as \"512K\")", required=("*",)),
-        Key("kind", "string", "flash (read-only at run time) or ram" +
+        Key("kind", "string", "flash (internal, read-only at run time), xip-flash (memory-mapped external "
+            "flash, QSPI/OSPI: read-only; code and weights are read in place there), ram (internal) or ext-ram "
+            "(external SDRAM/PSRAM: the model's KV cache, activations and scratch; not the weights, which the "
+            "startup does not copy, nor the stack, .data and .bss, which boot code uses before the external "
+            "memory controller is set up)" +
             ("" if kind_required else "; default: the kind of the part's region of that name"),
             required=("*",) if kind_required else (), choices=REGION_KINDS),
     )
 
 
+PARTITION_KEYS = (
+    Key("region", "string", "the flash region (of `memory`) holding the partition; the application keeps the "
+        "region's bytes below it", required=("*",)),
+    Key("origin", "size", "the partition's start address in the part's map, 64-byte aligned (the QEMU image's: "
+        "the same offset in the QEMU map's region of that name)", required=("*",)),
+    Key("length", "size", "the partition's bytes: a blob larger than this is refused at build time",
+        required=("*",)),
+)
+
 _PLACE_DOC = {"vectors": "the vector table", "text": "code", "model": "the weights (.rodata.model)",
               "rodata": "constants", "stack": "the stack", "data": ".data (and .tdata)",
-              "bss": ".bss (and .tbss): with data", "arena": "the model arena (.bss.colibri_arena)"}
+              "bss": ".bss (and .tbss): with data",
+              "arena": "the model arena: the default region of kv_cache, activations and scratch",
+              "kv_cache": "the KV cache (.bss.colibri_kv); default: arena's region",
+              "activations": "the runtime's context and activations (.bss.colibri_arena); default: arena's region",
+              "scratch": "attention scores and int8 activations (.bss.colibri_scratch); default: arena's region"}
 
 SCHEMA: tuple[Key, ...] = (
     Key("description", "string", "one line for `colibri targets`", "toolchain/cli.py", required=KINDS),
@@ -103,14 +123,20 @@ SCHEMA: tuple[Key, ...] = (
         "toolchain/firmware.py", required=("firmware",), default=(), keys=_region_keys(True)),
     Key("placement", "table", "the region of each output section", "toolchain/firmware.py",
         required=(IMAGE,), default={},
-        keys=tuple(Key(p, "string", _PLACE_DOC[p], required=("*",)) for p in PLACEMENT)),
+        keys=tuple(Key(p, "string", _PLACE_DOC[p], required=("*",)) for p in PLACEMENT)
+        + tuple(Key(p, "string", _PLACE_DOC[p]) for p in CLASS_PLACEMENT)),
     Key("qemu_memory", "tables", "the map of the QEMU machine that boots the image, when not the part's: "
         "the same regions, moved", "toolchain/firmware.py", default=(), keys=_region_keys(False)),
     Key("qemu_placement", "table", "placement of the QEMU image where it differs from placement",
-        "toolchain/firmware.py", default={}, keys=tuple(Key(p, "string", _PLACE_DOC[p]) for p in PLACEMENT)),
+        "toolchain/firmware.py", default={},
+        keys=tuple(Key(p, "string", _PLACE_DOC[p]) for p in PLACEMENT + CLASS_PLACEMENT)),
     Key("budget", "table", "flash and RAM the image may take (bytes or size strings)", "toolchain/size/audit.py",
         required=("firmware",), default={},
         keys=(Key("flash", "size", "flash bytes", required=("*",)), Key("ram", "size", "RAM bytes", required=("*",)))),
+    Key("partitions", "table", "flash partitions written on their own (`scons PARTITION=model`: the weights in "
+        "the `model` partition, the application image without them)", "toolchain/partition.py", default={},
+        keys=(Key("model", "table", "the model partition: the blob, linked at its origin, that the application "
+                  "validates at boot", keys=PARTITION_KEYS),)),
 )
 
 BY_NAME = {k.name: k for k in SCHEMA}
@@ -259,6 +285,10 @@ def render_markdown() -> str:
                   "|---|---|---|---|"]
         for sub in key.keys:
             lines.append(f"| `{sub.name}` | {sub.type} | {'yes' if sub.required else 'no'} | {_doc(sub)} |")
+        for sub in (s for s in key.keys if s.keys):  # a table of tables ([partitions.model])
+            lines += ["", f"## `{key.name}.{sub.name}`", "", "Keys of the table:", "",
+                      "| key | type | required | meaning |", "|---|---|---|---|"]
+            lines += [f"| `{k.name}` | {k.type} | {'yes' if k.required else 'no'} | {_doc(k)} |" for k in sub.keys]
     return "\n".join(lines) + "\n"
 
 

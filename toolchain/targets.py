@@ -48,6 +48,7 @@ class Target:
     qemu_memory: tuple[dict, ...]
     qemu_placement: dict[str, str]
     budget: dict[str, int]
+    partitions: dict[str, dict]  # {"model": {region, origin, length}}
 
     def cpp_defines(self) -> list[str]:
         """-D flags of what this target declares for the runtime (threads, largest prefill block)."""

@@ -86,6 +86,9 @@ static const int32_t prompt[] = COLIBRI_DEFAULT_PROMPT;
 #endif
 
 static float logits[COLIBRI_VOCAB];
+/* The blob's vocabulary: COLIBRI_VOCAB, or in a generic application (PARTITION=model GENERIC=1) that of
+ * the partition's model when smaller (a larger one is COLIBRI_E_ARG: the logits hold COLIBRI_VOCAB). */
+static size_t n_vocab = COLIBRI_VOCAB;
 static int32_t generated[N_GENERATE];
 
 #if COLIBRI_DEFAULT_SAMPLING
@@ -113,7 +116,7 @@ static colibri_status next_token(long n, int32_t *out, int *stop)
 {
     size_t have = PROMPT_LEN + (size_t)n;
     size_t n_recent = COLIBRI_DEFAULT_REPEAT_PENALTY != 1.0f ? (have < WINDOW ? have : WINDOW) : 0;
-    colibri_status st = colibri_sample_next(&sampler, logits, COLIBRI_VOCAB, history + have - n_recent, n_recent,
+    colibri_status st = colibri_sample_next(&sampler, logits, n_vocab, history + have - n_recent, n_recent,
                                             scratch, sizeof scratch, out);
     history[have] = *out;
     *stop = colibri_sample_is_stop(&sampler, *out);
@@ -130,7 +133,7 @@ static colibri_status next_token(long n, int32_t *out, int *stop)
 {
     size_t best = 0;
     (void)n;
-    for (size_t i = 1; i < COLIBRI_VOCAB; i++)
+    for (size_t i = 1; i < n_vocab; i++)
         if (logits[i] > logits[best])
             best = i;
     *out = (int32_t)best;
@@ -163,6 +166,9 @@ int main(void)
     colibri_status st = colibri_model_open(&ctx); /* validates the blob, CRC included */
     if (st != COLIBRI_OK)
         return fail(st);
+    colibri_model_info info = {.struct_size = sizeof info};
+    if (colibri_info(ctx, &info) == COLIBRI_OK && info.vocab < n_vocab)
+        n_vocab = info.vocab;
 
     /* token i comes from the logits of token i-1, so n tokens take n-1 decode steps */
     long n = 0;
@@ -179,7 +185,7 @@ int main(void)
     if ((st = sampler_open()) != COLIBRI_OK)
         return fail(st);
     board_counter_start();
-    st = colibri_forward(ctx, prompt, PROMPT_LEN, logits, COLIBRI_VOCAB);
+    st = colibri_forward(ctx, prompt, PROMPT_LEN, logits, n_vocab);
     while (st == COLIBRI_OK && n < COLIBRI_DEFAULT_GENERATE) {
         st = next_token(n, &generated[n], &stop);
 #if TEXT_PROMPT
@@ -188,7 +194,7 @@ int main(void)
 #endif
         if (st != COLIBRI_OK || ++n == COLIBRI_DEFAULT_GENERATE || stop)
             break;
-        st = colibri_forward(ctx, &generated[n - 1], 1, logits, COLIBRI_VOCAB);
+        st = colibri_forward(ctx, &generated[n - 1], 1, logits, n_vocab);
     }
     uint64_t count = board_counter();
 #if TEXT_PROMPT

@@ -24,6 +24,7 @@ extern "C" {
 #endif
 
 #define COLIBRI_ABI_VERSION 1 /* bumped on any incompatible change below */
+#define COLIBRI_ABI_MINOR 1   /* bumped on each compatible addition (1: colibri_init_regions); 0 again with a new major */
 #define COLIBRI_BLOB_ALIGN 64
 #define COLIBRI_ARENA_ALIGN 64
 
@@ -76,6 +77,32 @@ COLIBRI_API colibri_status colibri_arena_bytes(const void *blob, size_t blob_len
  * and aligned, the arena plan) and builds a context at the start of the arena. */
 COLIBRI_API colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len,
                                         const void *blob, size_t blob_len);
+
+/* The arena across memories: one region per class of data, each 64-byte aligned, e.g. the KV cache in
+ * external SDRAM and the activations in fast internal SRAM. The context lives at the start of the
+ * activations region. model.h gives each class's size (COLIBRI_KV_BYTES, COLIBRI_ACT_BYTES,
+ * COLIBRI_SCRATCH_BYTES); colibri_region_bytes reads them from any blob. */
+typedef enum colibri_class {
+    COLIBRI_CLASS_KV_CACHE = 0,    /* key and value caches: grows with max_seq */
+    COLIBRI_CLASS_ACTIVATIONS = 1, /* the context and a block's activations */
+    COLIBRI_CLASS_SCRATCH = 2,     /* attention scores, int8 activations: one step's scratch */
+    COLIBRI_N_CLASSES = 3
+} colibri_class;
+
+typedef struct colibri_region {
+    void *ptr;  /* 64-byte aligned; regions must not overlap */
+    size_t len; /* bytes, at least what the class needs */
+} colibri_region;
+
+/* Bytes each region needs, out[c] for class c (n_out must be COLIBRI_N_CLASSES). Validates the blob fully;
+ * COLIBRI_E_BAD_PLAN when its plan does not keep each class in a range of its own (an older export). */
+COLIBRI_API colibri_status colibri_region_bytes(const void *blob, size_t blob_len, size_t *out, size_t n_out);
+
+/* colibri_init with the arena split by class: regions[c] for class c, n_regions == COLIBRI_N_CLASSES (else
+ * COLIBRI_E_ARG). Each region is checked as colibri_init checks its arena: COLIBRI_E_NULL,
+ * COLIBRI_E_ARENA_ALIGN, COLIBRI_E_ARENA_SMALL; two overlapping regions are COLIBRI_E_ARG. */
+COLIBRI_API colibri_status colibri_init_regions(colibri_ctx **out_ctx, const colibri_region *regions,
+                                                size_t n_regions, const void *blob, size_t blob_len);
 
 /* Appends n_tokens to the sequence and, when logits is not NULL, writes the
  * last position's vocab logits. On error the context is unchanged and usable. */

@@ -56,7 +56,7 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
     uint64_t dense = cb_layer_slots(m->flags, m->n_experts, 1).n_tensors;
     uint64_t moe = cb_layer_slots(m->flags, m->n_experts, 0).n_tensors;
     return CB_FIRST_LAYER + n_dense * dense + (m->n_layers - n_dense) * moe + (m->tied ? 1 : 2)
-           + (m->flags & CB_FLAG_TOKENIZER ? 1 : 0);
+           + (m->flags & CB_FLAG_PARAMS ? 1 : 0) + (m->flags & CB_FLAG_TOKENIZER ? 1 : 0);
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
@@ -170,6 +170,77 @@ static colibri_status cb_check_mla(cb_check *v)
     return COLIBRI_OK;
 }
 
+/* ------------------------------------------------------------ parameters */
+
+/* A section entry (PARAMS, TOKENIZER) at table index i: U8 bytes x 1 of the kind, inside the payload. */
+static colibri_status cb_check_bytes_entry(cb_check *v, size_t i, unsigned kind)
+{
+    const uint8_t *e = cb_entry(v->b, i);
+    uint64_t bytes = cb_rd32(e + CB_E_ROWS), off = cb_rd64(e + CB_E_DATA_OFF);
+    if (cb_rd16(e + CB_E_KIND) != kind || cb_rd16(e + CB_E_LAYER) || cb_rd16(e + CB_E_EXPERT))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* section: not its kind's entry where the flag puts it */
+    if (e[CB_E_DTYPE] != CB_BYTES_DTYPE || e[CB_E_SCALE_DTYPE] || bytes == 0 || cb_rd32(e + CB_E_COLS) != 1
+        || cb_rd32(e + CB_E_ROW_STRIDE) != 1 || cb_rd32(e + CB_E_GROUP_SIZE) || cb_rd32(e + CB_E_N_OUTLIERS)
+        || cb_rd32(e + CB_E_RESERVED) || cb_rd64(e + CB_E_SCALE_OFF) || cb_rd64(e + CB_E_OIDX_OFF)
+        || cb_rd64(e + CB_E_OVAL_OFF))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* section: not U8 bytes x 1, or a part a section lacks */
+    if (kind == CB_KIND_PARAMS && bytes % CB_PARAM_RECORD_BYTES)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* params: a length not a whole number of records */
+    if (off % CB_ALIGN != 0 || off < v->header_bytes || cb_add(off, bytes) > v->len)
+        return CB_BAD(COLIBRI_E_TENSOR_BOUNDS); /* section: unaligned or outside the payload */
+    return COLIBRI_OK;
+}
+
+/* The parameters section (FORMAT.md "Parameters"), before anything is sized from it: its entry, then each
+ * record against the keys this runtime knows (CB_PARAM_DEFS) and the header's flags and n_layers. */
+static colibri_status cb_check_params(cb_check *v)
+{
+    static const cb_param_def defs[] = CB_PARAM_DEFS;
+    cb_model *m = v->m;
+    uint8_t seen[sizeof defs / sizeof defs[0]] = {0};
+    uint32_t n_tensors = cb_rd32(v->b + CB_H_N_TENSORS);
+    m->n_params = 0;
+    if (!(m->flags & CB_FLAG_PARAMS)) {
+        if (m->flags & CB_PARAM_FLAGS)
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: a feature with parameters, without PARAMS */
+        return COLIBRI_OK;
+    }
+    uint32_t tok = (m->flags & CB_FLAG_TOKENIZER) ? 1 : 0;
+    if (n_tensors < CB_FIRST_LAYER + 1 + tok)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* n_tensors: no room for the PARAMS entry */
+    size_t i = (size_t)n_tensors - 1 - tok;
+    CB_TRY(cb_check_bytes_entry(v, i, CB_KIND_PARAMS));
+    const uint8_t *rec = v->b + cb_rd64(cb_entry(v->b, i) + CB_E_DATA_OFF);
+    uint32_t n = cb_rd32(cb_entry(v->b, i) + CB_E_ROWS) / CB_PARAM_RECORD_BYTES;
+    for (uint32_t r = 1; r < n; r++) { /* the structure first: a newer feature's section is still sorted */
+        const uint8_t *a = rec + CB_PARAM_RECORD_BYTES * (r - 1), *b = a + CB_PARAM_RECORD_BYTES;
+        if (((uint32_t)cb_rd16(b) << 16 | cb_rd16(b + 2)) <= ((uint32_t)cb_rd16(a) << 16 | cb_rd16(a + 2)))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: records not sorted by (key, index), or repeated */
+    }
+    for (uint32_t r = 0; r < n; r++, rec += CB_PARAM_RECORD_BYTES) {
+        uint32_t key = cb_rd16(rec), index = cb_rd16(rec + 2), value = cb_rd32(rec + 4);
+        size_t d = 0;
+        while (defs[d].key && defs[d].key != key) /* the list ends with key 0 */
+            d++;
+        if (!defs[d].key)
+            return CB_BAD(COLIBRI_E_VERSION); /* params: a key of a newer feature than this runtime's */
+        if (defs[d].per_layer ? index >= m->n_layers : index != 0)
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: index past n_layers, or nonzero on a global key */
+        if (!(m->flags & defs[d].flag))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: a key without its flag */
+        float f;
+        memcpy(&f, &value, sizeof f);
+        if (defs[d].type == CB_PARAM_F32 && !(f >= -FLT_MAX && f <= FLT_MAX))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: an f32 value not finite */
+        seen[d] = 1;
+    }
+    for (size_t d = 0; defs[d].key; d++)
+        if (defs[d].required && (m->flags & defs[d].flag) && !seen[d])
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: a flag without a key it requires */
+    m->n_params = n;
+    return COLIBRI_OK;
+}
+
 /* The frame around the model: alignment, length, magic, major version, table size, CRC-32. */
 static colibri_status cb_check_frame(cb_check *v)
 {
@@ -227,6 +298,7 @@ static colibri_status cb_check_header(cb_check *v)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* rms_eps: negative or not finite */
     if (m->n_layers > CB_MAX_LAYERS || m->n_experts > CB_MAX_EXPERTS)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
+    CB_TRY(cb_check_params(v));
     CB_TRY(cb_check_mla(v));
     uint64_t bytes[CB_N_BUFFERS];
     cb_buffer_bytes(m, b, bytes);
@@ -306,24 +378,6 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     }
     if (n_out && idx >= n_weights)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* outlier gaps: the last index past the matrix */
-    return COLIBRI_OK;
-}
-
-/* The TOKENIZER entry i: raw bytes after the weights, inside the blob (colibri_tok_init checks what they
- * say; the forward pass never reads them). */
-static colibri_status cb_check_section(cb_check *v, size_t i)
-{
-    const uint8_t *e = cb_entry(v->b, i);
-    uint64_t bytes = cb_rd32(e + CB_E_ROWS), off = cb_rd64(e + CB_E_DATA_OFF);
-    if (cb_rd16(e + CB_E_KIND) != CB_KIND_TOKENIZER || cb_rd16(e + CB_E_LAYER) || cb_rd16(e + CB_E_EXPERT))
-        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not a TOKENIZER entry where the flag puts it */
-    if (e[CB_E_DTYPE] != CB_BYTES_DTYPE || e[CB_E_SCALE_DTYPE] || bytes == 0 || cb_rd32(e + CB_E_COLS) != 1
-        || cb_rd32(e + CB_E_ROW_STRIDE) != 1 || cb_rd32(e + CB_E_GROUP_SIZE) || cb_rd32(e + CB_E_N_OUTLIERS)
-        || cb_rd32(e + CB_E_RESERVED) || cb_rd64(e + CB_E_SCALE_OFF) || cb_rd64(e + CB_E_OIDX_OFF)
-        || cb_rd64(e + CB_E_OVAL_OFF))
-        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* tokenizer: not U8 bytes x 1, or a part a section lacks */
-    if (off % CB_ALIGN != 0 || off < v->header_bytes || cb_add(off, bytes) > v->len)
-        return CB_BAD(COLIBRI_E_TENSOR_BOUNDS); /* tokenizer: unaligned or outside the payload */
     return COLIBRI_OK;
 }
 
@@ -412,8 +466,11 @@ static colibri_status cb_check_tensors(cb_check *v)
     CB_TRY(cb_check_entry(v, base, CB_KIND_FINAL_NORM, 0, 0, 1, d, DT(CB_F32)));
     if (!m->tied)
         CB_TRY(cb_check_entry(v, base + 1, CB_KIND_LM_HEAD, 0, 0, m->vocab, d, DT_ANY));
-    if (m->flags & CB_FLAG_TOKENIZER)
-        CB_TRY(cb_check_section(v, base + (m->tied ? 1 : 2)));
+    base += m->tied ? 1 : 2;
+    if (m->flags & CB_FLAG_PARAMS) /* checked by cb_check_params, from the same n_tensors */
+        base++;
+    if (m->flags & CB_FLAG_TOKENIZER) /* colibri_tok_init checks what its bytes say */
+        CB_TRY(cb_check_bytes_entry(v, base, CB_KIND_TOKENIZER));
     return COLIBRI_OK;
 }
 
@@ -489,6 +546,25 @@ colibri_status colibri_arena_bytes(const void *blob, size_t blob_len, size_t *ou
     return COLIBRI_OK;
 }
 
+/* The context at the start of act, each buffer at base[its class] + its offset less its class's first
+ * offset (first[]: 0 for the whole arena). Only called once every check has passed. */
+static colibri_ctx *cb_build_ctx(const uint8_t *b, size_t blob_len, const cb_model *m,
+                                 uint8_t *const base[COLIBRI_N_CLASSES], const size_t first[COLIBRI_N_CLASSES])
+{
+    static const uint8_t cls[CB_N_BUFFERS] = CB_BUFFER_CLASSES;
+    colibri_ctx *c = (colibri_ctx *)(void *)base[COLIBRI_CLASS_ACTIVATIONS];
+    memset(c, 0, sizeof *c);
+    c->blob = b;
+    c->blob_bytes = blob_len;
+    c->m = *m;
+    for (uint32_t i = 0; i < m->n_buffers; i++)
+        c->buf[i] = (float *)(void *)(base[cls[i]] + ((size_t)cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) - first[cls[i]]));
+    c->xq = m->xq_off ? (int8_t *)(base[CB_XQ_CLASS] + ((size_t)m->xq_off - first[CB_XQ_CLASS])) : NULL;
+    c->self = c;
+    c->magic = CB_CTX_MAGIC;
+    return c;
+}
+
 colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len, const void *blob, size_t blob_len)
 {
     cb_model m;
@@ -504,18 +580,94 @@ colibri_status colibri_init(colibri_ctx **out_ctx, void *arena, size_t arena_len
         return COLIBRI_E_ARENA_ALIGN;
     if (arena_len < arena_bytes)
         return COLIBRI_E_ARENA_SMALL;
+    /* the arena is untouched until here: a live context in it survives errors */
+    uint8_t *base[COLIBRI_N_CLASSES] = {(uint8_t *)arena, (uint8_t *)arena, (uint8_t *)arena};
+    static const size_t whole[COLIBRI_N_CLASSES] = {0, 0, 0};
+    *out_ctx = cb_build_ctx(b, blob_len, &m, base, whole);
+    return COLIBRI_OK;
+}
 
-    colibri_ctx *c = (colibri_ctx *)arena; /* the arena is untouched until here: a live context in it survives errors */
-    memset(c, 0, sizeof *c);
-    c->blob = b;
-    c->blob_bytes = blob_len;
-    c->arena_bytes = arena_bytes;
-    c->m = m;
-    for (uint32_t i = 0; i < m.n_buffers; i++)
-        c->buf[i] = (float *)(void *)((uint8_t *)arena + cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i));
-    c->self = c;
-    c->magic = CB_CTX_MAGIC;
-    *out_ctx = c;
+/* Each class's range of the (validated) plan: first[c] its lowest offset (the activations': 0, the
+ * context's), need[c] its extent rounded up to CB_ALIGN. COLIBRI_E_BAD_PLAN when two ranges overlap.
+ * In size_t: the plan check bounded every buffer by arena_bytes, and the header check arena_bytes by
+ * SIZE_MAX. */
+static colibri_status cb_class_ranges(const uint8_t *b, const cb_model *m, size_t first[COLIBRI_N_CLASSES],
+                                      size_t need[COLIBRI_N_CLASSES])
+{
+    static const uint8_t cls[CB_N_BUFFERS + 1] = CB_BUFFER_CLASSES_XQ;
+    uint64_t bytes[CB_N_BUFFERS + 1];
+    size_t end[COLIBRI_N_CLASSES] = {0, CB_CTX_BYTES, 0};
+    cb_buffer_bytes(m, b, bytes);
+    first[COLIBRI_CLASS_KV_CACHE] = first[COLIBRI_CLASS_SCRATCH] = SIZE_MAX;
+    first[COLIBRI_CLASS_ACTIVATIONS] = 0;
+    uint32_t n = m->n_buffers;
+    bytes[n] = cb_mul(m->block, cb_xq_row_bytes(m, b)); /* xq, when there is one, after the table's buffers */
+    for (uint32_t i = 0; i < n + (m->xq_off != 0); i++) {
+        size_t off = (size_t)(i < n ? cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) : m->xq_off), e = off + (size_t)bytes[i];
+        int c = cls[i < n ? i : CB_N_BUFFERS];
+        first[c] = off < first[c] ? off : first[c];
+        end[c] = e > end[c] ? e : end[c];
+    }
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        if (first[c] == SIZE_MAX || end[c] > SIZE_MAX - CB_ALIGN) /* (every class has a buffer: the caches, x,
+                                                                 * scores; an arena near SIZE_MAX has no room) */
+            return COLIBRI_E_BAD_PLAN;
+        need[c] = ((end[c] + (CB_ALIGN - 1)) & ~(size_t)(CB_ALIGN - 1)) - first[c];
+        for (int d = 0; d < c; d++)
+            if (first[c] < end[d] && first[d] < end[c])
+                return COLIBRI_E_BAD_PLAN; /* two classes interleave: the plan keeps no class apart */
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_region_bytes(const void *blob, size_t blob_len, size_t *out, size_t n_out)
+{
+    cb_model m;
+    size_t first[COLIBRI_N_CLASSES], need[COLIBRI_N_CLASSES];
+    if (!blob || !out)
+        return COLIBRI_E_NULL;
+    if (n_out != COLIBRI_N_CLASSES)
+        return COLIBRI_E_ARG;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    CB_TRY(cb_class_ranges((const uint8_t *)blob, &m, first, need));
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        out[c] = need[c];
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_init_regions(colibri_ctx **out_ctx, const colibri_region *regions, size_t n_regions,
+                                    const void *blob, size_t blob_len)
+{
+    cb_model m;
+    size_t first[COLIBRI_N_CLASSES], need[COLIBRI_N_CLASSES];
+    uint8_t *base[COLIBRI_N_CLASSES];
+    if (!out_ctx)
+        return COLIBRI_E_NULL;
+    *out_ctx = NULL;
+    if (!regions || !blob)
+        return COLIBRI_E_NULL;
+    if (n_regions != COLIBRI_N_CLASSES)
+        return COLIBRI_E_ARG;
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        if (!regions[c].ptr)
+            return COLIBRI_E_NULL;
+    CB_TRY(cb_validate(blob, blob_len, &m));
+    const uint8_t *b = (const uint8_t *)blob;
+    CB_TRY(cb_class_ranges(b, &m, first, need));
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        if ((uintptr_t)regions[c].ptr % COLIBRI_ARENA_ALIGN != 0)
+            return COLIBRI_E_ARENA_ALIGN;
+        if (regions[c].len < need[c])
+            return COLIBRI_E_ARENA_SMALL;
+        base[c] = (uint8_t *)regions[c].ptr;
+    }
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        for (int d = c + 1; d < COLIBRI_N_CLASSES; d++) {
+            uintptr_t pc = (uintptr_t)base[c], pd = (uintptr_t)base[d];
+            if (pc < pd + need[d] && pd < pc + need[c])
+                return COLIBRI_E_ARG; /* two regions overlap */
+        }
+    *out_ctx = cb_build_ctx(b, blob_len, &m, base, first);
     return COLIBRI_OK;
 }
 
@@ -540,7 +692,7 @@ const char *colibri_strerror(colibri_status status)
     case COLIBRI_E_NOT_INIT: return "context not initialised by colibri_init";
     case COLIBRI_E_TOKEN: return "token id outside the vocabulary";
     case COLIBRI_E_SEQ_FULL: return "sequence would exceed max_seq positions";
-    case COLIBRI_E_ARG: return "bad argument (no tokens, or logits buffer shorter than vocab)";
+    case COLIBRI_E_ARG: return "bad argument (no tokens, logits buffer shorter than vocab, or regions overlapping)";
     case COLIBRI_E_DTYPE: return "a tensor's weight format is not implemented by this build";
     }
     return "unknown colibri status";

@@ -52,6 +52,7 @@ typedef struct cb_model {
     float routed_scale;                    /* 1 unless CB_FLAG_ROUTED_SCALE */
     uint32_t block;                        /* prefill block: tokens the buffers hold, 1..CB_MAX_BLOCK */
     uint32_t layout;                       /* CB_LAYOUT_* */
+    uint32_t n_params;                     /* records of the parameters section (0 without PARAMS) */
     uint64_t xq_off;                       /* arena offset of the int8 activations; 0: float activations */
 } cb_model;
 
@@ -60,9 +61,10 @@ struct colibri_ctx {
     uint32_t n_past;
     const colibri_ctx *self; /* a copied arena is no context: its pointers lead to the original */
     const uint8_t *blob;
-    uint64_t blob_bytes, arena_bytes;
+    uint64_t blob_bytes; /* (arena_bytes: the blob header's) */
     cb_model m;
     float *buf[CB_N_BUFFERS];
+    int8_t *xq; /* the int8 activations (m.xq_off); NULL: float activations */
     colibri_parallel_for_fn parallel_for; /* NULL: everything on the calling thread */
     void *parallel_user;
     size_t parallel_tasks;
@@ -143,6 +145,33 @@ static inline const uint8_t *cb_entry(const uint8_t *blob, size_t i)
 static inline int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
 {
     return (flags & CB_FLAG_DENSE_LAYERS) && l < CB_DENSE_MAP_LAYERS && (blob[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1);
+}
+
+/* The parameters section's records (FORMAT.md "Parameters"; checked by cb_validate), NULL without PARAMS. */
+static inline const uint8_t *cb_params(const uint8_t *blob, const cb_model *m)
+{
+    if (!(m->flags & CB_FLAG_PARAMS))
+        return NULL;
+    size_t i = (size_t)cb_rd32(blob + CB_H_N_TENSORS) - 1 - ((m->flags & CB_FLAG_TOKENIZER) ? 1 : 0);
+    return blob + cb_rd64(cb_entry(blob, i) + CB_E_DATA_OFF);
+}
+
+/* The u32 value of parameter `key` at `index`, 0 without a record: a binary search of the sorted records
+ * (called at init or once per layer, never per element). */
+static inline uint32_t cb_param_u32(const uint8_t *blob, const cb_model *m, unsigned key, uint32_t index)
+{
+    const uint8_t *rec = cb_params(blob, m);
+    uint32_t lo = 0, hi = m->n_params, want = (uint32_t)key << 16 | index;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, at = (uint32_t)cb_rd16(rec + 8 * mid) << 16 | cb_rd16(rec + 8 * mid + 2);
+        if (at == want)
+            return cb_rd32(rec + 8 * mid + 4);
+        if (at < want)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
 }
 
 static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }

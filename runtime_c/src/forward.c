@@ -58,8 +58,8 @@ static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, siz
     size_t row = (size_t)cb_xq_row_bytes(&c->m, c->blob), blocks = cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK);
     size_t q_bytes = (size_t)cb_align64(blocks * CB_Q8_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
     for (size_t j = 0; j < n; j++) {
-        /* the context is at arena offset 0, the xq buffer at xq_off: block rows of row bytes */
-        int8_t *q = (int8_t *)(uintptr_t)c + c->m.xq_off + j * row;
+        /* the xq buffer: block rows of row bytes */
+        int8_t *q = c->xq + j * row;
         float *d = (float *)(void *)(q + q_bytes);
         int32_t *s = (int32_t *)(void *)(q + q_bytes + d_bytes);
         cb_quantize_q8(x[j], cols, q, d, s);
@@ -705,7 +705,7 @@ colibri_status colibri_info(const colibri_ctx *ctx, colibri_model_info *info)
     info->top_k = ctx->m.top_k;
     info->max_seq = ctx->m.max_seq;
     info->n_past = ctx->n_past;
-    info->arena_bytes = ctx->arena_bytes;
+    info->arena_bytes = cb_rd64(ctx->blob + CB_H_ARENA_BYTES);
     info->blob_bytes = ctx->blob_bytes;
     return COLIBRI_OK;
 }

@@ -71,12 +71,13 @@ static inline void cb_weighted_rows(float *restrict out, const float *restrict w
 }
 
 /* cb_scores and cb_weighted_rows over a 16-bit (f16) or 8-bit (int8, a scale per head per position) KV
- * cache, and the int8 cache's quantization of one head (arch/scalar/attn.h): scalar on every target, so
- * bit for bit the same everywhere. */
-#define cb_scores_f16 cb_scores_f16_scalar
-#define cb_scores_i8 cb_scores_i8_scalar
-#define cb_weighted_rows_f16 cb_weighted_rows_f16_scalar
-#define cb_weighted_rows_i8 cb_weighted_rows_i8_scalar
+ * cache (arch/scalar/attn.h's definition; AVX2/F16C and AArch64 NEON load and convert eight elements at a
+ * time, exactly, and keep the scalar order of products and sums: bit for bit the same everywhere), and the
+ * int8 cache's quantization of one head (scalar on every target). */
+#define cb_scores_f16 cb_scores_f16_isa
+#define cb_scores_i8 cb_scores_i8_isa
+#define cb_weighted_rows_f16 cb_weighted_rows_f16_isa
+#define cb_weighted_rows_i8 cb_weighted_rows_i8_isa
 #define cb_kv_quantize cb_kv_quantize_scalar
 
 /* v[i] = exp(v[i] - max) / sum: max the largest v[i] (NaNs skipped unless v[0] is one), exp cb_expf,

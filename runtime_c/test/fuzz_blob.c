@@ -1,6 +1,7 @@
 /*
  * fuzz_blob.c - the model blob as hostile input: colibri_arena_bytes,
- * colibri_init and a few colibri_forward calls on whatever init accepts; its
+ * colibri_init (and colibri_region_bytes/colibri_init_regions, the arena split by
+ * class) and a few colibri_forward calls on whatever init accepts; its
  * tokenizer section through colibri_tok_from_blob, encode and decode.
  *
  * Built two ways (tests/test_fuzz.py, tests/test_mutation.py):
@@ -142,6 +143,39 @@ static void fuzz_text(const uint8_t *b, size_t len)
     free(scratch);
 }
 
+/* A blob init accepted, split by class: colibri_region_bytes agrees with init_regions, which refuses a
+ * region one byte short and runs forward in three separate allocations. A plan without a range per class
+ * (an older export, or a mutated offset) is refused, never trusted. */
+static void fuzz_regions(const uint8_t *b, size_t len)
+{
+    size_t parts[COLIBRI_N_CLASSES];
+    colibri_status st = colibri_region_bytes(b, len, parts, COLIBRI_N_CLASSES);
+    FUZZ_CHECK(st == COLIBRI_OK || st == COLIBRI_E_BAD_PLAN);
+    if (st != COLIBRI_OK)
+        return;
+    size_t total = 0;
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        FUZZ_CHECK(parts[c] > 0 && parts[c] % COLIBRI_ARENA_ALIGN == 0);
+        total += parts[c];
+    }
+    if (total > FUZZ_MAX_ARENA)
+        return;
+    colibri_region r[COLIBRI_N_CLASSES];
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        r[c] = (colibri_region){fuzz_alloc(parts[c]), parts[c]};
+    colibri_ctx *ctx = NULL;
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++) {
+        r[c].len--;
+        FUZZ_CHECK(colibri_init_regions(&ctx, r, COLIBRI_N_CLASSES, b, len) == COLIBRI_E_ARENA_SMALL && ctx == NULL);
+        r[c].len++;
+    }
+    FUZZ_CHECK(colibri_init_regions(&ctx, r, COLIBRI_N_CLASSES, b, len) == COLIBRI_OK &&
+               ctx == (colibri_ctx *)r[COLIBRI_CLASS_ACTIVATIONS].ptr);
+    fuzz_forward(ctx, b, len);
+    for (int c = 0; c < COLIBRI_N_CLASSES; c++)
+        free(r[c].ptr);
+}
+
 /* init and forward on one 64-aligned copy of the input; returns init's status */
 static colibri_status fuzz_blob(const uint8_t *b, size_t len)
 {
@@ -169,6 +203,7 @@ static colibri_status fuzz_blob(const uint8_t *b, size_t len)
     FUZZ_CHECK(st == COLIBRI_OK && ctx == (colibri_ctx *)(void *)arena);
     fuzz_forward(ctx, b, len);
     free(arena);
+    fuzz_regions(b, len);
     return st;
 }
 

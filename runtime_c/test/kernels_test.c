@@ -402,6 +402,76 @@ static int check_attention(void)
 
 /* cb_f16_to_f32 (the hardware conversion where the target has one) against the definition for all 65536
  * halves: (-1)^s 2^(e-15) (1 + m/1024), subnormals 2^-14 m/1024, infinities, and NaN (sign kept). */
+/* The attention over the 16- and 8-bit KV caches (vector code where the target has it) against the rules
+ * written out, bit for bit: cb_scores_f16/_i8 as cb_dot's eight partial sums over the converted keys (times
+ * the position's key scale for int8) times the scale; cb_weighted_rows_f16/_i8 as one multiply and add per
+ * position, in order, never writing past len. f16 keys include subnormals, the largest finite and both
+ * zeros; int8 the whole range. A short case list: the lengths around the vector widths (8, 16, 32). */
+static int check_attention_kv(void)
+{
+    enum { T = 19, HD = 40, STRIDE = 44, SSTRIDE = 3 };
+    static const size_t hds[] = {1, 7, 8, 16, 40}, lens[] = {0, 1, 8, 15, 16, 17, 31, 32, 33, 40};
+    static uint16_t k16[T * STRIDE];
+    static int8_t k8[T * STRIDE];
+    static float q[HD], w[T], ks[T * SSTRIDE], got[HD + 1];
+    static const uint16_t special[] = {0x0001u, 0x03ffu, 0x8001u, 0x7bffu, 0xfbffu, 0x0000u, 0x8000u};
+    rng r = {777};
+    for (size_t i = 0; i < HD; i++)
+        q[i] = uniform(&r);
+    for (size_t i = 0; i < T * STRIDE; i++) {
+        k16[i] = i % 11 == 0 ? special[i / 11 % 7] : cb_f32_to_f16(uniform(&r) * 4.0f);
+        k8[i] = (int8_t)((int)(next(&r) % 255u) - 127);
+    }
+    for (size_t t = 0; t < T; t++)
+        w[t] = uniform(&r);
+    for (size_t i = 0; i < T * SSTRIDE; i++)
+        ks[i] = uniform(&r) * 0.05f;
+    for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
+        for (size_t n = 0; n <= T; n++)
+            for (int i8 = 0; i8 < 2; i8++) {
+                const size_t hd = hds[hi];
+                const float scale = 1.0f / (float)hd;
+                got[n] = SENTINEL;
+                if (i8)
+                    cb_scores_i8(got, q, k8 + 3, STRIDE, ks + 1, SSTRIDE, n, hd, scale);
+                else
+                    cb_scores_f16(got, q, k16 + 3, STRIDE, n, hd, scale);
+                for (size_t t = 0; t <= n; t++) {
+                    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                    for (size_t i = 0; i < hd && t < n; i++) {
+                        size_t at = 3 + t * STRIDE + i;
+                        s[i % 8] = s[i % 8] + q[i] * (i8 ? (float)k8[at] : cb_f16_to_f32(k16[at]));
+                    }
+                    float dot = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+                    float expect = t == n ? SENTINEL : i8 ? (dot * ks[1 + t * SSTRIDE]) * scale : dot * scale;
+                    if (!same_bits(got[t], expect))
+                        return fail_bits(i8 ? "cb_scores_i8 hd n" : "cb_scores_f16 hd n", hd, n, got[t], expect);
+                }
+            }
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (size_t n = 0; n <= T; n += n < 5 ? 1 : 7)
+            for (int i8 = 0; i8 < 2; i8++) {
+                const size_t len = lens[li];
+                got[len] = SENTINEL;
+                if (i8)
+                    cb_weighted_rows_i8(got, w, k8 + 1, STRIDE, n, len);
+                else
+                    cb_weighted_rows_f16(got, w, k16 + 1, STRIDE, n, len);
+                for (size_t i = 0; i <= len; i++) {
+                    float acc = 0.0f;
+                    for (size_t t = 0; t < n; t++) {
+                        size_t at = 1 + t * STRIDE + i;
+                        acc = acc + w[t] * (i8 ? (float)k8[at] : cb_f16_to_f32(k16[at]));
+                    }
+                    float expect = i == len ? SENTINEL : acc;
+                    if (!same_bits(got[i], expect))
+                        return fail_bits(i8 ? "cb_weighted_rows_i8 len n" : "cb_weighted_rows_f16 len n", len, n,
+                                         got[i], expect);
+                }
+            }
+    return 0;
+}
+
 static int check_f16(void)
 {
     for (uint32_t h = 0; h < 0x10000u; h++) {
@@ -428,7 +498,7 @@ int main(void)
     rng r = {0x9e3779b97f4a7c15ull};
     size_t cases = 0, outputs = 0;
     double worst = 0.0;
-    if (check_f16() || check_exp() || check_dot() || check_attention())
+    if (check_f16() || check_exp() || check_dot() || check_attention() || check_attention_kv())
         return 1;
     for (int kind = 0; kind < N_KINDS; kind++)
         for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from ..csources import RUNTIME_SRC
 from ..targets import ROOT
 from .elf import CompileUnit, ElfImage, Section, Symbol
+from .models import blob_model
 from .regions import MemoryRegion, is_stack_section, section_role
 from .weights import BLOB_SECTION, BLOB_SYMBOL, TOKENIZER_KIND, Manifest, blob_pieces
 
 ARENA_SYMBOL = "colibri_arena"
 ARENA_SECTION = ".bss.colibri_arena"
+# the arena by class of data (model.c): symbol -> section; the context and activations are colibri_arena's
+ARENA_PARTS = {ARENA_SYMBOL: ARENA_SECTION, "colibri_kv": ".bss.colibri_kv", "colibri_scratch": ".bss.colibri_scratch"}
 
 CATEGORIES = {
     "weights": "model weights",
@@ -102,8 +105,10 @@ def section_part(sec: Section) -> str:
 class Attributor:
     """Attribution of one ELF image (a linked file or one archive member)."""
 
-    def __init__(self, img: ElfImage, manifest: Manifest | None, regions: list[MemoryRegion] | None) -> None:
+    def __init__(self, img: ElfImage, manifest: Manifest | None, regions: list[MemoryRegion] | None,
+                 models: dict[str, Manifest] | None = None) -> None:
         self.img, self.manifest, self.regions = img, manifest, regions
+        self.models = models or {}  # several models in one image: each blob symbol's manifest (models.py)
         self.items: list[Item] = []
         self.member_unit = self._member_unit() if not img.linked else None
         tls = next((s for s in img.segments if s.type == "PT_TLS"), None)
@@ -180,19 +185,22 @@ class Attributor:
         return classify(path, dwarf), display_file(path)
 
     def _symbol(self, sec: Section, sym: Symbol, start: int, lo: int, hi: int) -> None:
-        if sym.name == BLOB_SYMBOL:
+        if blob_model(sym.name) is not None:  # one of several models' blobs (models.py)
+            self._weights(sec, lo - start, hi - start, sym.size, self.models.get(blob_model(sym.name)))
+        elif sym.name == BLOB_SYMBOL:
             self._weights(sec, lo - start, hi - start, sym.size)
-        elif sym.name == ARENA_SYMBOL:
-            self._emit(sec, "arena", "arena", ARENA_SYMBOL, hi - lo, "arena")
+        elif sym.name in ARENA_PARTS:
+            self._emit(sec, "arena", "arena", sym.name, hi - lo, "arena")
         elif is_stack_section(sec):
             self._emit(sec, "stack", "[linker script]", sym.name, hi - lo, "stack")
         else:
             category, file = self._owner(sym, sec)
             self._emit(sec, category, file, sym.name, hi - lo)
 
-    def _weights(self, sec: Section, lo: int, hi: int, blob_size: int) -> None:
-        """Blob bytes [lo, hi) (relative to the blob start), tensor by tensor."""
-        for kind, name, a, b in blob_pieces(self.manifest, blob_size):
+    def _weights(self, sec: Section, lo: int, hi: int, blob_size: int, manifest: Manifest | None = None) -> None:
+        """Blob bytes [lo, hi) (relative to the blob start), tensor by tensor (manifest: one model's of
+        several; default the image's own)."""
+        for kind, name, a, b in blob_pieces(manifest or self.manifest, blob_size):
             n = min(b, hi) - max(a, lo)
             if kind == TOKENIZER_KIND:  # in the blob, but not weights: its own category
                 self._emit(sec, "tokenizer", "tokenizer section", name, n, "weights")
@@ -202,8 +210,9 @@ class Attributor:
     def _gap(self, sec: Section, lo: int, hi: int) -> None:
         if sec.name == BLOB_SECTION or sec.name.startswith(BLOB_SECTION + "."):
             self._weights(sec, lo, hi, sec.size)
-        elif sec.name == ARENA_SECTION:
-            self._emit(sec, "arena", "arena", ARENA_SYMBOL, hi - lo, "arena")
+        elif sec.name in ARENA_PARTS.values():
+            sym = next(k for k, v in ARENA_PARTS.items() if v == sec.name)
+            self._emit(sec, "arena", "arena", sym, hi - lo, "arena")
         elif is_stack_section(sec):
             self._emit(sec, "stack", "[linker script]", f"[{sec.name}]", hi - lo, "stack")
         elif self.member_unit is not None:
@@ -247,8 +256,9 @@ class Attributor:
         self._emit(sec, "unattributed", kind, f"[{sec.name} {kind}]", hi - lo)
 
 
-def attribute(img: ElfImage, manifest: Manifest | None, regions: list[MemoryRegion] | None) -> list[Item]:
-    items = Attributor(img, manifest, regions).run()
+def attribute(img: ElfImage, manifest: Manifest | None, regions: list[MemoryRegion] | None,
+              models: dict[str, Manifest] | None = None) -> list[Item]:
+    items = Attributor(img, manifest, regions, models).run()
     total = sum(s.size for s in img.allocated())
     got = sum(i.bytes for i in items)
     if got != total:  # a bug in this module, not in the artifact

@@ -10,6 +10,7 @@ from . import SCHEMA
 from .abi import artifact_kind, audit_abi
 from .attribute import CATEGORIES, Item, attribute, merge
 from .elf import Artifact, ElfImage, load
+from .models import model_manifests, models_summary
 from .regions import (
     MemoryRegion,
     memory_map,
@@ -133,9 +134,10 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     art = load(path)
     manifest = load_manifest(opts.manifest or path.parent / "manifest.json")
     memory = _memory(target)
+    models = model_manifests(path.parent)  # several models in one image (models.py); usually none
     items: list[Item] = []
     for img in art.images:
-        items += attribute(img, manifest, memory or None)
+        items += attribute(img, manifest, memory or None, models)
     items = merge(items)
     warnings: list[str] = []
     main = art.images[0] if art.images else None
@@ -176,6 +178,7 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
         "files": files,
         "symbols": symbols,
         "weights": weights_summary(manifest, blob) if has_blob else None,
+        "models": models_summary(art.images, models),
         "abi": audit_abi(art, firmware),
         "stack": stack,
         "budget": _budget(regions, budget),
@@ -183,11 +186,14 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     }
 
 
-def region_overflow(name: str, over: int, size: int, kind: str, limits: dict[str, int]) -> str:
-    """A memory region's overflow in GNU ld's words, with its size and the budget of its kind:
-    'AXI_SRAM overflowed by 1024 bytes (region 524288 bytes, ram budget 1048576)'."""
+def region_overflow(name: str, over: int, size: int, kind: str, limits: dict[str, int],
+                    classes: dict[str, str] | None = None) -> str:
+    """A memory region's overflow in GNU ld's words, with its size and the budget of its kind, and the
+    classes of data that did not fit (class -> its section, or its bytes in the region):
+    'AXI_SRAM overflowed by 1024 bytes (region 524288 bytes, ram budget 1048576): kv_cache (.bss.colibri_kv)'."""
     budget = f", {kind} budget {limits[kind]}" if kind in limits else ""
-    return f"{name} overflowed by {over} bytes (region {size} bytes{budget})"
+    what = ", ".join(f"{c} ({sec})" for c, sec in (classes or {}).items())
+    return f"{name} overflowed by {over} bytes (region {size} bytes{budget})" + (f": {what}" if what else "")
 
 
 def overruns(regions: dict, memory: list[dict], limits: dict[str, int]) -> list[str]:
@@ -195,7 +201,8 @@ def overruns(regions: dict, memory: list[dict], limits: dict[str, int]) -> list[
     post-link check (check_budget), the firmware link step and `colibri size`'s exit status."""
     out = [f"{key} overflowed by {used - limit} bytes (budget {limit})"
            for key, limit in limits.items() if (used := regions[key]["bytes"]) > limit]
-    return out + [region_overflow(m["name"], m["used"] - m["size"], m["size"], m["kind"], limits)
+    return out + [region_overflow(m["name"], m["used"] - m["size"], m["size"], m["kind"], limits,
+                                  {c: f"{n:,} bytes" for c, n in (m.get("classes") or {}).items()})
                   for m in memory if m["used"] > m["size"]]
 
 

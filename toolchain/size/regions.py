@@ -18,6 +18,16 @@ STACK_SECTIONS = {".stack", ".heap", "._user_heap_stack", ".stack_dummy", ".heap
 STACK_SYMBOLS = ("__stack_size", "_Min_Stack_Size", "__STACK_SIZE", "_stack_size", "__stack_size__")
 FLASH_PARTS = ("text", "rodata", "weights", "data")
 RAM_PARTS = ("data", "bss", "arena", "stack")
+# Region kinds (targets/SCHEMA.md): internal flash, memory-mapped external flash (read-only, code and
+# weights executed/read in place), internal RAM and external RAM (SDRAM/PSRAM: the model's buffers).
+KIND_ROLE = {"flash": "flash", "xip-flash": "flash", "ram": "ram", "ext-ram": "ram"}
+# The class of data of an output section (targets/SCHEMA.md placement): the model's own sections by name,
+# the rest by prefix. A region's row in the audit lists the classes it holds.
+SECTION_CLASS = {".rodata.model": "model", ".bss.colibri_kv": "kv_cache", ".bss.colibri_arena": "activations",
+                 ".bss.colibri_scratch": "scratch"}
+_PREFIX_CLASS = ((".vectors", "code"), (".text", "code"), (".ARM", "code"), (".glue", "code"),
+                 (".rodata", "rodata"), (".srodata", "rodata"), (".data", "data"), (".tdata", "data"),
+                 (".sdata", "data"), (".bss", "bss"), (".tbss", "bss"), (".sbss", "bss"))
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
           "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
 
@@ -27,12 +37,17 @@ class MemoryRegion:
     name: str
     origin: int
     length: int
-    kind: str  # "flash" | "ram"
+    kind: str  # a KIND_ROLE key: "flash" | "xip-flash" | "ram" | "ext-ram"
+
+    @property
+    def role(self) -> str:
+        """What the region counts as for budgets and the flash/RAM split: "flash" or "ram"."""
+        return KIND_ROLE[self.kind]
 
     @property
     def attrs(self) -> str:
         """Linker-script MEMORY attributes."""
-        return "rx" if self.kind == "flash" else "rwx"
+        return "rx" if self.role == "flash" else "rwx"
 
     def holds(self, addr: int, size: int = 0) -> bool:
         """[addr, addr + size) lies within the region (size 0: the byte at addr)."""
@@ -71,7 +86,7 @@ def memory_map(memory: Sequence[Mapping]) -> list[MemoryRegion]:
     out = []
     for r in memory:
         kind = str(r.get("kind", "")).lower()
-        if kind not in ("flash", "ram"):
+        if kind not in KIND_ROLE:
             kind = "flash" if "x" in str(r.get("attrs", "")) or "flash" in str(r.get("name", "")).lower() else "ram"
         out.append(MemoryRegion(str(r["name"]), parse_bytes(r["origin"]), parse_bytes(r["length"]), kind))
     return out
@@ -88,12 +103,23 @@ def section_role(sec: Section, regions: list[MemoryRegion] | None = None) -> tup
     if regions:
         vma, lma = _region_at(regions, sec.addr), _region_at(regions, sec.lma)
         if vma is not None or lma is not None:
-            flash = not sec.nobits and any(r is not None and r.kind == "flash" for r in (vma, lma))
-            ram = vma is not None and vma.kind == "ram"
+            flash = not sec.nobits and any(r is not None and r.role == "flash" for r in (vma, lma))
+            ram = vma is not None and vma.role == "ram"
             return flash, ram
     if sec.nobits:
         return False, True
     return True, sec.write
+
+
+def section_class(name: str) -> str:
+    """The class of data an output section holds: model, kv_cache, activations, scratch, code, rodata,
+    data, bss, stack, or other."""
+    if name in SECTION_CLASS:
+        return SECTION_CLASS[name]
+    if name in STACK_SECTIONS:
+        return "stack"
+    return next((c for p, c in _PREFIX_CLASS if name == p or name.startswith(p + ".") or name.startswith(p + "_")),
+                "other")
 
 
 def is_stack_section(sec: Section) -> bool:
@@ -114,6 +140,12 @@ def stack_reservation(img: ElfImage) -> int:
 def region_usage(img: ElfImage, regions: list[MemoryRegion], reserved_stack: int) -> tuple[list[dict], list[str]]:
     """used / size / percent for every region of the map, and warnings for sections outside it."""
     used = {r.name: 0 for r in regions}
+    classes: dict[str, dict[str, int]] = {r.name: {} for r in regions}
+
+    def count(region: MemoryRegion, cls: str, n: int) -> None:
+        used[region.name] += n
+        classes[region.name][cls] = classes[region.name].get(cls, 0) + n
+
     warnings = []
     for sec in img.allocated():
         if sec.tls and sec.nobits:
@@ -123,15 +155,17 @@ def region_usage(img: ElfImage, regions: list[MemoryRegion], reserved_stack: int
             warnings.append(f"section {sec.name} at {sec.addr:#x} is outside the memory map")
             continue
         if vma is not None:
-            used[vma.name] += sec.size
+            count(vma, section_class(sec.name), sec.size)
         if lma is not None and lma is not vma and not sec.nobits:
-            used[lma.name] += sec.size
+            count(lma, section_class(sec.name), sec.size)  # a load image: its class still (data)
     if reserved_stack:
-        ram = next((r for r in regions if r.kind == "ram"), None)
+        ram = next((r for r in regions if r.kind == "ram"), None)  # the stack is in internal RAM
         if ram is not None:
-            used[ram.name] += reserved_stack
-    rows = [{"name": r.name, "kind": r.kind, "origin": r.origin, "size": r.length, "used": used[r.name],
-             "percent": round(100.0 * used[r.name] / r.length, 2) if r.length else None} for r in regions]
+            count(ram, "stack", reserved_stack)
+    rows = [{"name": r.name, "kind": r.role, "region_kind": r.kind, "origin": r.origin, "size": r.length,
+             "used": used[r.name], "percent": round(100.0 * used[r.name] / r.length, 2) if r.length else None,
+             "classes": {c: n for c, n in sorted(classes[r.name].items(), key=lambda kv: -kv[1]) if n}}
+            for r in regions]
     return rows, warnings
 
 

@@ -52,8 +52,9 @@ def _regions(r: dict) -> list[str]:
              f"RAM   {ram['bytes']:>13,} B {human(ram['bytes']):>11}   {_parts(ram['parts'], RAM_PARTS)}"]
     for m in r.get("memory") or []:
         frac = m["used"] / m["size"] if m["size"] else 0.0
+        held = ", ".join(f"{c} {n:,}" for c, n in (m.get("classes") or {}).items())
         lines.append(f"{m['name']:<8} {bar(frac)} {100 * frac:6.1f}% (used {m['used']:,} bytes from "
-                     f"{m['size']:,} bytes)")
+                     f"{m['size']:,} bytes)" + (f" {m.get('region_kind', m['kind'])}: {held}" if held else ""))
     for key, b in (r.get("budget") or {}).items():
         state = "ok" if b["ok"] else "OVER BUDGET"
         lines.append(f"budget {key}: {b['used']:,} of {b['limit']:,} bytes ({b['percent']}%) {state}")
@@ -82,8 +83,12 @@ def _weights(r: dict) -> list[str]:
     w = r.get("weights")
     if not w:
         return []
-    src = f"manifest {w['manifest']}" if w["manifest"] else "no manifest.json: the blob is one block"
+    models = r.get("models") or {}
+    src = (f"manifest {w['manifest']}" if w["manifest"] else f"{len(models)} models" if models
+           else "no manifest.json: the blob is one block")
     lines = [f"weights: {w['blob_bytes']:,} bytes ({src})"]
+    if models:
+        lines.append("  per model: " + " · ".join(f"{n} {m['weights_bytes']:,}" for n, m in models.items()))
     if w["by_layer"] and w["manifest"]:
         lines.append("  per layer: " + " · ".join(f"{k} {v:,}" for k, v in w["by_layer"].items()))
     experts: dict[str, int] = {}

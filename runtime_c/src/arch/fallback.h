@@ -16,6 +16,14 @@
 #define cb_scores_isa cb_scores_scalar
 #define cb_weighted_rows_isa cb_weighted_rows_scalar
 #endif
+#if !defined(CB_HAS_ATTN_F16)
+#define cb_scores_f16_isa cb_scores_f16_scalar
+#define cb_weighted_rows_f16_isa cb_weighted_rows_f16_scalar
+#endif
+#if !defined(CB_HAS_ATTN_I8)
+#define cb_scores_i8_isa cb_scores_i8_scalar
+#define cb_weighted_rows_i8_isa cb_weighted_rows_i8_scalar
+#endif
 #if !defined(CB_HAS_EXP)
 #define cb_exp_shift_isa cb_exp_shift_scalar
 #define cb_softmax_isa cb_softmax_scalar

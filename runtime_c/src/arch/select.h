@@ -25,6 +25,8 @@
  *   CB_HAS_MATMUL    vector primitives for cb_matmul / cb_matvec        (matmul.h)
  *   CB_HAS_DOT       cb_dot, the attention's dot product               (attn.h)
  *   CB_HAS_ATTN      cb_scores and cb_weighted_rows                     (attn.h)
+ *   CB_HAS_ATTN_F16  cb_scores_f16 and cb_weighted_rows_f16 (f16 KV)    (attn.h)
+ *   CB_HAS_ATTN_I8   cb_scores_i8 and cb_weighted_rows_i8 (int8 KV)     (attn.h)
  *   CB_HAS_EXP       cb_exp_shift, cb_softmax, cb_silu_mul              (attn.h)
  *   CB_HAS_Q8_QUANT  one whole block of cb_quantize_q8                  (q8.h)
  *   CB_HAS_Q8_TILES  cb_matmul_q8 over the tiled layout: cb_tile_dot   (q8.h)
@@ -60,6 +62,10 @@
 #define CB_ISA_Q4_NAME "avx2"
 #define CB_HAS_DOT 1
 #define CB_HAS_ATTN 1
+#define CB_HAS_ATTN_I8 1 /* over an int8 KV cache: VPMOVSXBD + VCVTDQ2PS */
+#if defined(__F16C__)
+#define CB_HAS_ATTN_F16 1 /* over an f16 KV cache: VCVTPH2PS (x86-64-v3) */
+#endif
 #define CB_HAS_EXP 1
 #define CB_HAS_Q8_QUANT 1
 #endif
@@ -82,6 +88,8 @@
 #if defined(__aarch64__)
 #define CB_ARM_A64 1 /* AArch64: IEEE subnormals, f16 conversion, across-vector adds */
 #define CB_HAS_ATTN 1
+#define CB_HAS_ATTN_F16 1 /* over an f16 KV cache: FCVTL */
+#define CB_HAS_ATTN_I8 1  /* over an int8 KV cache: SXTL + SCVTF */
 #endif
 #if defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
 #define CB_ARM_FMA 1

@@ -86,6 +86,132 @@ static inline void cb_weighted_rows_isa(float *restrict out, const float *restri
     cb_weighted_rows_from(out, w, rows, stride, n, i0, len);
 }
 
+/* ---- over the 16- and 8-bit KV caches (FORMAT.md "KV cache") ----
+ * The f32 kernels above with each cached element converted as it is loaded: F16C's VCVTPH2PS (every f16
+ * is exactly an f32) or a sign extension and VCVTDQ2PS (every int8 is exactly an f32), so the same
+ * products and sums in the same order as arch/scalar/attn.h's cb_scores_f16/_i8 and
+ * cb_weighted_rows_f16/_i8: the same bits. */
+#define CB_X86_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define CB_X86_LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
+
+/* The eight lane sums of eight positions (a0 .. a7) reduced in cb_dot's order, positions in order. */
+static inline __m256 cb_x86_sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                                  __m256 a7)
+{
+    __m256 b0 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
+    __m256 b1 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
+    __m256 b2 = _mm256_add_ps(_mm256_permute2f128_ps(a4, a5, 0x20), _mm256_permute2f128_ps(a4, a5, 0x31));
+    __m256 b3 = _mm256_add_ps(_mm256_permute2f128_ps(a6, a7, 0x20), _mm256_permute2f128_ps(a6, a7, 0x31));
+    __m256 c0 = _mm256_add_ps(_mm256_shuffle_ps(b0, b1, 0x44), _mm256_shuffle_ps(b0, b1, 0xee));
+    __m256 c1 = _mm256_add_ps(_mm256_shuffle_ps(b2, b3, 0x44), _mm256_shuffle_ps(b2, b3, 0xee));
+    return _mm256_permutevar8x32_ps(_mm256_hadd_ps(c0, c1), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The lane sums of positions k .. k + 7 (stride elements apart) against q, each element through LOAD. */
+#define CB_X86_DOTS8(q, k, stride, hd, LOAD)                                                                   \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;             \
+    for (size_t i = 0; i < (hd); i += 8) {                                                                      \
+        const __m256 qi = _mm256_loadu_ps((q) + i);                                                            \
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qi, LOAD((k) + i)));                                               \
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(qi, LOAD((k) + i + (stride))));                                    \
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(qi, LOAD((k) + i + 2 * (stride))));                                \
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(qi, LOAD((k) + i + 3 * (stride))));                                \
+        a4 = _mm256_add_ps(a4, _mm256_mul_ps(qi, LOAD((k) + i + 4 * (stride))));                                \
+        a5 = _mm256_add_ps(a5, _mm256_mul_ps(qi, LOAD((k) + i + 5 * (stride))));                                \
+        a6 = _mm256_add_ps(a6, _mm256_mul_ps(qi, LOAD((k) + i + 6 * (stride))));                                \
+        a7 = _mm256_add_ps(a7, _mm256_mul_ps(qi, LOAD((k) + i + 7 * (stride))));                                \
+    }
+
+#if defined(CB_HAS_ATTN_F16)
+static inline void cb_scores_f16_isa(float *restrict out, const float *restrict q, const uint16_t *restrict keys,
+                                     size_t stride, size_t n, size_t hd, float scale)
+{
+    size_t t = 0;
+    if (hd % 8 == 0)
+        for (const __m256 vscale = _mm256_set1_ps(scale); t + 8 <= n; t += 8) {
+            const uint16_t *k = keys + t * stride;
+            CB_X86_DOTS8(q, k, stride, hd, CB_X86_LOAD_F16)
+            _mm256_storeu_ps(out + t, _mm256_mul_ps(cb_x86_sums8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+        }
+    cb_scores_f16_scalar(out + t, q, keys + t * stride, stride, n - t, hd, scale);
+}
+
+/* 32 outputs at a time in registers across all t; the rest one by one (each output the same sum of t) */
+static inline void cb_weighted_rows_f16_isa(float *restrict out, const float *restrict w,
+                                            const uint16_t *restrict rows, size_t stride, size_t n, size_t len)
+{
+    size_t i0 = 0;
+    for (const size_t n32 = len & ~(size_t)31; i0 < n32; i0 += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint16_t *r = rows + i0;
+        for (size_t t = 0; t < n; t++, r += stride) {
+            __m256 wt = _mm256_broadcast_ss(w + t);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wt, CB_X86_LOAD_F16(r)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wt, CB_X86_LOAD_F16(r + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wt, CB_X86_LOAD_F16(r + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wt, CB_X86_LOAD_F16(r + 24)));
+        }
+        _mm256_storeu_ps(out + i0, a0);
+        _mm256_storeu_ps(out + i0 + 8, a1);
+        _mm256_storeu_ps(out + i0 + 16, a2);
+        _mm256_storeu_ps(out + i0 + 24, a3);
+    }
+    for (; i0 < len; i0++) {
+        float acc = 0.0f;
+        for (size_t t = 0; t < n; t++)
+            acc = acc + w[t] * cb_f16_to_f32(rows[t * stride + i0]);
+        out[i0] = acc;
+    }
+}
+#endif
+
+#if defined(CB_HAS_ATTN_I8)
+static inline void cb_scores_i8_isa(float *restrict out, const float *restrict q, const int8_t *restrict keys,
+                                    size_t stride, const float *restrict kscale, size_t sstride, size_t n, size_t hd,
+                                    float scale)
+{
+    size_t t = 0;
+    if (hd % 8 == 0)
+        for (const __m256 vscale = _mm256_set1_ps(scale); t + 8 <= n; t += 8) {
+            const int8_t *k = keys + t * stride;
+            const float *ks = kscale + t * sstride;
+            CB_X86_DOTS8(q, k, stride, hd, CB_X86_LOAD_I8)
+            __m256 vks = _mm256_setr_ps(ks[0], ks[sstride], ks[2 * sstride], ks[3 * sstride], ks[4 * sstride],
+                                        ks[5 * sstride], ks[6 * sstride], ks[7 * sstride]);
+            __m256 s = _mm256_mul_ps(cb_x86_sums8(a0, a1, a2, a3, a4, a5, a6, a7), vks); /* (dot * kscale) * scale */
+            _mm256_storeu_ps(out + t, _mm256_mul_ps(s, vscale));
+        }
+    cb_scores_i8_scalar(out + t, q, keys + t * stride, stride, kscale + t * sstride, sstride, n - t, hd, scale);
+}
+
+static inline void cb_weighted_rows_i8_isa(float *restrict out, const float *restrict w, const int8_t *restrict rows,
+                                           size_t stride, size_t n, size_t len)
+{
+    size_t i0 = 0;
+    for (const size_t n32 = len & ~(size_t)31; i0 < n32; i0 += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const int8_t *r = rows + i0;
+        for (size_t t = 0; t < n; t++, r += stride) {
+            __m256 wt = _mm256_broadcast_ss(w + t);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wt, CB_X86_LOAD_I8(r)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wt, CB_X86_LOAD_I8(r + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wt, CB_X86_LOAD_I8(r + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wt, CB_X86_LOAD_I8(r + 24)));
+        }
+        _mm256_storeu_ps(out + i0, a0);
+        _mm256_storeu_ps(out + i0 + 8, a1);
+        _mm256_storeu_ps(out + i0 + 16, a2);
+        _mm256_storeu_ps(out + i0 + 24, a3);
+    }
+    for (; i0 < len; i0++) {
+        float acc = 0.0f;
+        for (size_t t = 0; t < n; t++)
+            acc = acc + w[t] * (float)rows[t * stride + i0];
+        out[i0] = acc;
+    }
+}
+#endif
+
 /* cb_expf_inline on eight lanes: the same operations in the same order (a mul and an add where it
  * has them, never an FMA; the truncating conversion C's cast does; k / 2 rounding towards zero), the
  * special inputs blended in at the end as it selects them. */
