@@ -20,9 +20,9 @@ from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
-from .format import KV_DTYPES, blob_names, tensor_fields
+from .format import KV_DTYPES, blob_names, feature_flags, flags_not_run, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
-from .plan import MAX_PREFILL_BLOCK, plan_arena
+from .plan import MAX_PREFILL_BLOCK, mla_cache_bytes, plan_arena
 from .progress import tensor_progress
 from .quantize import DEFAULT_QUANT, INT4_QUANTS, QUANTS, QuantTensor, default_outlier_frac
 from .reference import Reference, WeightSource, rope_inv_freq
@@ -167,6 +167,10 @@ def _chat(ckpt_dir: Path) -> dict | None:
 
 def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
                       ) -> tuple[int, list[int], int, dict, list[int]]:
+    unrun = flags_not_run(feature_flags(spec))
+    if unrun:
+        raise ExportError(ckpt_dir / "config.json", f"{spec.arch}: the C runtime does not implement "
+                                                    f"{', '.join(unrun)} yet (the numpy reference does)")
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
     if not 0.0 <= opts.outlier_frac <= 0.1:
@@ -180,6 +184,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
         raise ExportError(ckpt_dir, f"--group-size {opts.group_size} is negative")
     if opts.kv not in KV_DTYPES:
         raise ExportError(ckpt_dir, f"--kv {_short(opts.kv)}: not one of {', '.join(KV_DTYPES)}")
+    if spec.mla and opts.kv != "f32":
+        raise ExportError(ckpt_dir, f"--kv {opts.kv}: an MLA model's latent cache is f32 only")
     max_seq = opts.max_seq or default_max_seq(spec)
     if not 1 <= max_seq <= MAX_SEQ_LIMIT:
         raise ExportError(ckpt_dir, f"--max-seq {max_seq} outside [1, {MAX_SEQ_LIMIT}]")
@@ -342,7 +348,8 @@ def export(
                      "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS, writer.tokenizer),
                      "layout": opts.layout if q8 else "rows", "int8_activations": q8,
                      "kv_cache": opts.kv},
-            "arena": plan.to_json(),
+            "arena": {**plan.to_json(), **({"plain_kv_cache_bytes": mla_cache_bytes(spec, max_seq)[1]}
+                                           if spec.mla else {})},
             "totals": {
                 "weights": n_weights,
                 "bits_per_weight": total_bits / n_weights,
@@ -413,6 +420,12 @@ def _tensor_line(row: dict) -> str:
     return line
 
 
+def _latent(a: dict) -> str:
+    """An MLA model's cache against the plain one, for the arena line."""
+    plain = a.get("plain_kv_cache_bytes")
+    return f", the MLA latent: plain K+V {plain:,} bytes, {plain / a['kv_cache_bytes']:.1f}x" if plain else ""
+
+
 def _summary(m: dict, src_bytes: int, seconds: float) -> str:
     t, a = m["totals"], m["arena"]
     err = f"{t['rel_error']:.3e}" if t["rel_error"] is not None else "n/a"
@@ -428,7 +441,7 @@ def _summary(m: dict, src_bytes: int, seconds: float) -> str:
         f"{t['bits_per_weight']:.3f} bits/weight, rel error {err}",
         f"blob {m['blob']['bytes']:,} bytes (crc32 {m['blob']['crc32']:08x})",
         f"arena {a['arena_bytes']:,} bytes planned (naive {a['naive_bytes']:,}; KV cache {a['kv_cache_bytes']:,} "
-        f"bytes in {a['kv_cache_dtype']}) for max_seq {m['max_seq']}",
+        f"bytes in {a['kv_cache_dtype']}{_latent(a)}) for max_seq {m['max_seq']}",
         f"logit error relative to max |logit|: {pred_s}",
         *([comp] if n_corr else []),
         f"export {seconds:.2f} s, {src_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s of source weights",

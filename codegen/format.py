@@ -152,6 +152,7 @@ class Flag:
     bit: int
     doc: str
     since: int = 1
+    runtime: bool = True  # the C runtime runs it; a flag it does not is refused as unknown (COLIBRI_E_BAD_HEADER)
 
     @property
     def mask(self) -> int:
@@ -200,9 +201,26 @@ FLAGS: tuple[Flag, ...] = (
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
                         "(see \"KV cache\"); excludes KV_F16"),
+    # DeepSeek-V2/V3 (bits 20-27; FORMAT.md "MLA"). GROUP_TOPK (runtime=False) the C runtime does not run yet:
+    # it refuses it as an unknown flag, and `colibri export` refuses such a model before writing anything.
+    Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3, see \"MLA\"): KV_A, KV_A_NORM, KV_B (F32) "
+                    "instead of WK, WV; head_dim is the rope part of a head; n_kv_heads = n_heads; the caches hold "
+                    "the latents and the rope keys; excludes QKV_BIAS, QK_NORM_*, KV_F16, KV_INT8"),
+    Flag("Q_LORA", 21, "MLA queries through a low-rank latent: Q_A, Q_A_NORM, Q_B instead of WQ; needs MLA"),
+    Flag("ROUTER_SIGMOID", 22, "router scores are sigmoid(logits); experts are chosen by score + CHOICE_BIAS, "
+                               "weighted by the score (DeepSeek-V3)"),
+    Flag("GROUP_TOPK", 23, "group-limited top-k: the experts in n_group equal groups, top_k chosen within the "
+                           "topk_group best groups, a group scored by its best expert (by the sum of its best "
+                           "two with ROUTER_SIGMOID)", runtime=False),
 )
 FLAG = {f.name: f.mask for f in FLAGS}
-FLAGS_KNOWN = sum(f.mask for f in FLAGS)
+FLAGS_KNOWN = sum(f.mask for f in FLAGS if f.runtime)  # what the C runtime accepts
+
+
+def flags_not_run(flags: int) -> list[str]:
+    """The names of the flags among `flags` that the C runtime does not run (it refuses such a blob)."""
+    return [f.name for f in FLAGS if flags & f.mask and not f.runtime]
+
 QK_NORM_FLAGS = FLAG["QK_NORM_HEAD"] | FLAG["QK_NORM_FULL"]
 
 # KV cache precision: the `--kv` / `KV=` names, the header flag each sets (f32: none).
@@ -365,6 +383,15 @@ KINDS: tuple[Kind, ...] = (
     Kind("MLP_GATE", 24, "layers.{L}.mlp.gate", "dense_ffn × hidden", "any", "dense_mlp", since=1),
     Kind("MLP_DOWN", 25, "layers.{L}.mlp.down", "hidden × dense_ffn", "any", "dense_mlp", since=1),
     Kind("MLP_UP", 26, "layers.{L}.mlp.up", "dense_ffn × hidden", "any", "dense_mlp", since=1),
+    Kind("Q_A", 40, "layers.{L}.attn.q_a", "q_lora_rank × hidden", "any", "attention", since=1),
+    Kind("Q_A_NORM", 41, "layers.{L}.attn.q_a_norm", "1 × q_lora_rank", "f32", "norms", since=1),
+    Kind("Q_B", 42, "layers.{L}.attn.q_b", "n_heads·(qk_nope_head_dim + head_dim) × q_lora_rank", "any",
+         "attention", since=1),
+    Kind("KV_A", 43, "layers.{L}.attn.kv_a", "(kv_lora_rank + head_dim) × hidden", "any", "attention", since=1),
+    Kind("KV_A_NORM", 44, "layers.{L}.attn.kv_a_norm", "1 × kv_lora_rank", "f32", "norms", since=1),
+    Kind("KV_B", 45, "layers.{L}.attn.kv_b", "n_heads·(qk_nope_head_dim + v_head_dim) × kv_lora_rank", "f32",
+         "attention", since=1),
+    Kind("CHOICE_BIAS", 46, "layers.{L}.moe.choice_bias", "1 × n_experts", "f32", "router", since=1),
     Kind("TOKENIZER", 27, "tokenizer", "section bytes × 1", "U8", "tokenizer", since=1, derived=True),
     Kind("PARAMS", 28, "params", "section bytes × 1", "U8", "params", since=1, derived=True),
     Kind("SINKS", 29, "layers.{L}.attn.sinks", "1 × n_heads", "f32", "attention", since=1),
@@ -393,15 +420,18 @@ class Slot:
 GLOBAL_HEAD = ("EMBED", "ROPE_FREQ")
 LAYER_SLOTS: tuple[Slot, ...] = (
     Slot("attn_norm", ("ATTN_NORM",)),
-    Slot("wq", ("WQ",)),
-    Slot("wk", ("WK",)),
-    Slot("wv", ("WV",)),
+    Slot("wq", ("WQ",), ("!Q_LORA",)),
+    Slot("wk", ("WK",), ("!MLA",)),
+    Slot("wv", ("WV",), ("!MLA",)),
     Slot("wo", ("WO",)),
+    Slot("q_lora", ("Q_A", "Q_A_NORM", "Q_B"), ("Q_LORA",)),
+    Slot("mla", ("KV_A", "KV_A_NORM", "KV_B"), ("MLA",)),
     Slot("qkv_bias", ("BQ", "BK", "BV"), ("QKV_BIAS",)),
     Slot("qk_norm", ("Q_NORM", "K_NORM"), ("QK_NORM",)),
     Slot("ffn_norm", ("FFN_NORM",)),
     Slot("mlp", ("MLP_GATE", "MLP_DOWN", "MLP_UP"), ("dense",)),
     Slot("router", ("ROUTER",), ("moe",)),
+    Slot("choice_bias", ("CHOICE_BIAS",), ("moe", "ROUTER_SIGMOID")),
     Slot("experts", ("W_GATE", "W_DOWN", "W_UP"), ("moe",), per_expert=True),
     Slot("shared_gate", ("SHARED_EXPERT_GATE",), ("moe", "SHARED_GATE")),
     Slot("shared", ("SHARED_W_GATE", "SHARED_W_DOWN", "SHARED_W_UP"), ("moe", "SHARED_EXPERT")),
@@ -416,6 +446,8 @@ MLP_TENSORS = 3  # gate, down, up: the offsets of an MLP's three matrices in eve
 
 
 def _holds(cond: str, flags: int, dense: bool) -> bool:
+    if cond.startswith("!"):
+        return not _holds(cond[1:], flags, dense)
     if cond == "moe":
         return not dense
     if cond == "dense":
@@ -509,14 +541,19 @@ CLASSES = ("kv_cache", "activations", "scratch")
 ARENA_ORDER = ("activations", "kv_cache", "scratch")
 
 BUFFERS: tuple[Buffer, ...] = (
-    Buffer("key_cache", 0, 11, "Σ rows_l (n_layers·max_seq without sliding windows) rows of kv_row_bytes",
-           "key cache, in the KV cache precision (see \"KV cache\")", cls="kv_cache"),
-    Buffer("value_cache", 0, 11, "same", "value cache", cls="kv_cache"),
+    Buffer("key_cache", 0, 11, "Σ rows_l (n_layers·max_seq without sliding windows) rows of kv_row_bytes; "
+           "MLA: n_layers·max_seq rows of kv_lora_rank f32", "key cache, in the KV cache precision (see \"KV cache\"); "
+           "MLA: the latents", cls="kv_cache"),
+    Buffer("value_cache", 0, 11, "same; MLA: rows of head_dim f32", "value cache; MLA: the rope keys", cls="kv_cache"),
     Buffer("x", 0, 11, "B·hidden", "x (residual stream)"),
     Buffer("xb", 0, 11, "B·hidden", "xb (normed input)"),
-    Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim",
-           "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32)"),
-    Buffer("att", 3, 4, "B·n_heads·head_dim", "att (attention output)"),
+    Buffer("q", 1, 3, "B·n_heads·head_dim; with KV_F16 or KV_INT8 B·(n_heads + 2·n_kv_heads)·head_dim; MLA "
+           "B·n_heads·(qk_nope_head_dim + head_dim + kv_lora_rank)",
+           "q (then, with a 16- or 8-bit KV cache, the block's new k rows and v rows in f32; MLA: each head's "
+           "query in latent space after the queries)"),
+    Buffer("att", 3, 4, "B·n_heads·head_dim; MLA B·max(n_heads·(v_head_dim + kv_lora_rank), q_lora_rank, "
+           "kv_lora_rank + head_dim)", "att (attention output; MLA: then each head's weighted latent, and "
+           "in step 1 the q latent and kv_a's output)"),
     Buffer("scores", 3, 3, "max_seq (+ 1 with ATTN_SINKS)", "scores", cls="scratch"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
@@ -583,7 +620,9 @@ def pack_entry(**values: int) -> bytes:
 
 def feature_flags(spec) -> int:  # noqa: ANN001 (a ModelSpec; format.py imports nothing of codegen)
     """Header flags of a ModelSpec: TIED, and the features of the families beyond Mixtral."""
-    on = {"TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
+    deepseek = {"MLA": spec.kv_lora_rank > 0, "Q_LORA": spec.q_lora_rank > 0,
+                "ROUTER_SIGMOID": spec.router_scoring == "sigmoid", "GROUP_TOPK": spec.group_score != "none"}
+    on = {**deepseek, "TIED": spec.tied, "QKV_BIAS": spec.qkv_bias, "QK_NORM_HEAD": spec.qk_norm == "head",
           "QK_NORM_FULL": spec.qk_norm == "full", "TOPK_NO_NORM": not spec.norm_topk_prob,
           "SHARED_EXPERT": bool(spec.shared_ffn), "SHARED_GATE": spec.shared_gate,
           "DENSE_LAYERS": bool(spec.dense_layers), "ROUTED_SCALE": spec.routed_scale != 1.0,

@@ -19,6 +19,8 @@ MLP_ORDER = ("GATE", "DOWN", "UP")  # every MLP slot's three matrices, in this o
 
 
 def _c_cond(cond: str) -> str:
+    if cond.startswith("!"):
+        return f"!{_c_cond(cond[1:])}"
     if cond == "moe":
         return "!dense"
     if cond == "dense":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import format as fmt
 from .errors import ExportError
+from .plan import mla_cache_bytes
 from .safeio import open_regular
 from .spec import ModelSpec
 
@@ -28,6 +29,17 @@ def _features(spec: ModelSpec) -> list[str]:
         out.append("q/k/v biases")
     if spec.qk_norm != "none":
         out.append(f"q/k RMSNorm ({'per head' if spec.qk_norm == 'head' else 'whole projection'})")
+    if spec.mla:
+        q = f"q_lora_rank {spec.q_lora_rank}" if spec.q_lora_rank else "no q_lora"
+        out.append(f"MLA kv_lora_rank {spec.kv_lora_rank}, {q}, qk_nope {spec.qk_nope_head_dim}, rope "
+                   f"{spec.head_dim}, v {spec.v_head_dim}")
+        latent, plain = mla_cache_bytes(spec, spec.max_position)
+        out.append(f"KV cache at max_seq {spec.max_position}: latent {latent} bytes, plain K+V {plain} bytes "
+                   f"({plain / latent:.1f}x)")
+    if spec.router_scoring == "sigmoid":
+        out.append("sigmoid router, expert bias for choosing")
+    if spec.group_score != "none":
+        out.append(f"group-limited top-k: {spec.topk_group} of {spec.n_group} groups by {spec.group_score}")
     out.append(f"norm_topk_prob {'true' if spec.norm_topk_prob else 'false'}")
     if spec.routed_scale != 1.0:
         out.append(f"routed scale {spec.routed_scale:g}")

@@ -61,7 +61,8 @@ def unpack_int4(b: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 def matmul_cols(spec: ModelSpec) -> list[int]:
     """Input widths of every weight matrix of the model."""
-    return [c for c in (spec.hidden, spec.n_heads * spec.head_dim, spec.ffn, spec.shared_ffn, spec.dense_ffn) if c]
+    return [c for c in (spec.hidden, spec.n_heads * spec.head_dim, spec.o_dim, spec.q_lora_rank, spec.ffn,
+                        spec.shared_ffn, spec.dense_ffn) if c]
 
 
 def uses_q8(spec: ModelSpec, quant: str, group_size: int) -> bool:

@@ -89,15 +89,17 @@ def prefill_block(spec: ModelSpec, max_seq: int, cap: int = PREFILL_BLOCK, kv: s
     within the KV cache's size, so blocking at most about doubles the arena of a small model (RAM
     is what a microcontroller runs out of) while large models get the full block."""
     per_token = sum(v for k, v in buffer_bytes(spec, max_seq, 1, kv).items() if k not in UNBLOCKED)
-    kv_bytes = buffer_bytes(spec, max_seq, 1, kv)["key_cache"] * 2
+    one = buffer_bytes(spec, max_seq, 1, kv)
+    kv_bytes = one["key_cache"] + one["value_cache"]
     return max(1, min(cap, max_seq, kv_bytes // per_token))
 
 
 def buffer_bytes(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
     """Bytes of each table buffer (before alignment): the caches in the KV precision, the rest f32."""
     out = {k: v * F32 for k, v in buffer_elements(spec, max_seq, block, kv).items()}
-    out["key_cache"] = out["value_cache"] = (
-        kv_positions(spec, max_seq, block) * fmt.kv_row_bytes(kv, spec.n_kv_heads, spec.head_dim))
+    if not spec.mla:  # (MLA: an f32 latent cache)
+        out["key_cache"] = out["value_cache"] = (
+            kv_positions(spec, max_seq, block) * fmt.kv_row_bytes(kv, spec.n_kv_heads, spec.head_dim))
     return out
 
 
@@ -107,6 +109,16 @@ def kv_positions(spec: ModelSpec, max_seq: int, block: int = 1) -> int:
     return sum(fmt.kv_layer_rows(w, max_seq, block) for w in windows)
 
 
+def mla_row_widths(spec: ModelSpec) -> tuple[int, int]:
+    """f32 elements of one token's q row and att row in an MLA model (FORMAT.md "Arena"): q holds the
+    queries, then each head's query in latent space; att first the q latent or kv_a's output (step 1),
+    then each head's attention output and its attention-weighted latent (steps 3, 4)."""
+    h, r = spec.n_heads, spec.kv_lora_rank
+    q = h * spec.qk_head_dim + h * r
+    att = max(h * (spec.v_head_dim + r), spec.q_lora_rank, r + spec.head_dim)
+    return q, att
+
+
 def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
     """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block.
     The caches' entries count f32 elements of an f32 cache (buffer_bytes() has their bytes in any
@@ -114,13 +126,14 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
     kv_elems = kv_positions(spec, max_seq, block) * spec.n_kv_heads * spec.head_dim
     qdim = spec.n_heads * spec.head_dim
     staged = 0 if kv == "f32" else 2 * spec.n_kv_heads * spec.head_dim
-    return {
-        "key_cache": kv_elems,
-        "value_cache": kv_elems,
+    q_row, att_row = mla_row_widths(spec) if spec.mla else (qdim + staged, qdim)
+    return {  # MLA: the key cache holds the latents, the value cache the rope keys
+        "key_cache": spec.n_layers * max_seq * spec.kv_lora_rank if spec.mla else kv_elems,
+        "value_cache": spec.n_layers * max_seq * spec.head_dim if spec.mla else kv_elems,
         "x": block * spec.hidden,
         "xb": block * spec.hidden,
-        "q": block * (qdim + staged),
-        "att": block * qdim,
+        "q": block * q_row,
+        "att": block * att_row,
         "scores": max_seq + (1 if spec.attn_sinks else 0),  # a sink is one more score
         "router": block * spec.n_experts,
         "gate": block * spec.ffn,
@@ -129,6 +142,14 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
         "xgate": block * max(spec.shared_ffn, spec.dense_ffn),
         "xup": block * max(spec.shared_ffn, spec.dense_ffn),
     }
+
+
+def mla_cache_bytes(spec: ModelSpec, max_seq: int) -> tuple[int, int]:
+    """An MLA model's f32 KV cache at max_seq: (the compressed cache, the latent and the rope key of
+    kv_lora_rank + head_dim per position per layer; the plain one, every head's key of qk_head_dim and value
+    of v_head_dim)."""
+    positions = spec.n_layers * max_seq * F32
+    return positions * spec.latent_kv_row(), positions * spec.n_heads * (spec.qk_head_dim + spec.v_head_dim)
 
 
 def buffer_lifetimes(spec: ModelSpec) -> tuple[tuple[str, int, int], ...]:

@@ -71,6 +71,49 @@ def route(logits: np.ndarray, top_k: int, normalize: bool = True,
     return chosen[order], weights[order].astype(F32)
 
 
+def group_scores(choice: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The score of each of n_group equal groups of experts: its best (V2) or the sum of its best two (V3)."""
+    g = choice.reshape(spec.n_group, -1)
+    return g.max(axis=1) if spec.group_score == "max" else np.sort(g, axis=1)[:, -2:].sum(axis=1, dtype=F32)
+
+
+def route_grouped(logits: np.ndarray, spec: ModelSpec,
+                  bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek-V2/V3 routing as transformers computes it (DeepseekV2TopkRouter, DeepseekV3TopkRouter).
+
+    Scores: softmax of the logits, or (router_scoring sigmoid) their sigmoid, to which `bias`
+    (e_score_correction_bias) is added for choosing only. With a group_score the experts are n_group equal
+    groups, each scored by its best choosing score (max) or the sum of its best two (top2_sum); the top_k are
+    chosen within the topk_group best groups. Weights: the chosen experts' unbiased scores, divided by their
+    sum + 1e-20 when sigmoid and norm_topk_prob (V2 never renormalises), times routed_scale.
+    Ties go to the lower index. Returns (experts in increasing index order, their weights).
+    """
+    sigmoid = spec.router_scoring == "sigmoid"
+    if sigmoid:
+        with np.errstate(over="ignore"):
+            scores = (F32(1.0) / (F32(1.0) + np.exp(-logits))).astype(F32)
+        choice = scores + (bias if bias is not None else F32(0.0))
+    else:
+        scores = softmax(logits)
+        choice = scores
+    if spec.group_score != "none":
+        best = np.argsort(-group_scores(choice, spec), kind="stable")[:spec.topk_group]
+        keep = np.zeros(spec.n_group, dtype=bool)
+        keep[best] = True
+        choice = np.where(np.repeat(keep, spec.n_experts // spec.n_group), choice,
+                          F32(-np.inf) if sigmoid else F32(0.0))
+    chosen = np.argsort(-choice, kind="stable")[:spec.top_k]
+    weights = scores[chosen]
+    if sigmoid and spec.norm_topk_prob:
+        weights = weights / (np.sum(weights, dtype=F32) + F32(1e-20))
+    weights = (weights * F32(spec.routed_scale)).astype(F32)
+    order = np.argsort(chosen)
+    return chosen[order], weights[order]
+
+
+MLA_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: DeepseekV2/V3RMSNorm's default, not rms_norm_eps
+
+
 def _as_f32(weights: Mapping[str, np.ndarray] | WeightSource, name: str) -> np.ndarray:
     t = weights.get(name)
     if t is None:
@@ -161,6 +204,8 @@ class Reference:
                  max_seq: int | None = None, cache_bytes: int | None = None, kv: str = "f32") -> None:
         if kv not in KV_DTYPES:
             raise ValueError(f"KV cache precision {kv!r} not one of {', '.join(KV_DTYPES)}")
+        if spec.mla and kv != "f32":
+            raise ValueError("an MLA model's latent cache is f32 only")
         self.spec = spec
         self.kv = kv
         self.max_seq = spec.max_position if max_seq is None else int(max_seq)
@@ -206,12 +251,44 @@ class Reference:
         """Forget the sequence: the next token is at position 0."""
         s = self.spec
         self.pos = 0
+        if s.mla:  # the compressed cache: the normed latent and the rotated rope key of each position
+            self.k_cache = np.zeros((s.n_layers, self.max_seq, s.kv_lora_rank), dtype=F32)
+            self.v_cache = np.zeros((s.n_layers, self.max_seq, s.head_dim), dtype=F32)
+            return
         shape = (s.n_layers, self.max_seq, s.n_kv_heads, s.head_dim)
         self.k_cache = np.zeros(shape, dtype=F32)
         self.v_cache = np.zeros(shape, dtype=F32)
 
+    def _mla(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """DeepSeek's multi-head latent attention as transformers computes it: the latent and the rope key
+        cached, each head's keys and values expanded from the latents (kv_b), softmax scale
+        1/sqrt(qk_head_dim); the rope rows are in rotate_half order (the importer permuted them)."""
+        s, w, p = self.spec, self.w, f"layers.{layer}."
+        eps, nope, r = MLA_NORM_EPS, s.qk_nope_head_dim, s.kv_lora_rank
+        if s.q_lora_rank:
+            q = self._mm(p + "attn.q_b", rms_norm(self._mm(p + "attn.q_a", x), w[p + "attn.q_a_norm"], eps))
+        else:
+            q = self._mm(p + "attn.q", x)
+        q = q.reshape(s.n_heads, s.qk_head_dim)
+        ckv = self._mm(p + "attn.kv_a", x)
+        cos, sin = rope_cos_sin(self.inv_freq, self.pos)
+        self.k_cache[layer, self.pos] = rms_norm(ckv[:r], w[p + "attn.kv_a_norm"], eps)
+        self.v_cache[layer, self.pos] = apply_rope(ckv[r:][None, :], cos, sin)[0]
+        q_nope, q_pe = q[:, :nope], apply_rope(q[:, nope:], cos, sin)
+        n = self.pos + 1
+        latent, k_pe = self.k_cache[layer, :n], self.v_cache[layer, :n]
+        kv = (latent @ w[p + "attn.kv_b"].T).reshape(n, s.n_heads, nope + s.v_head_dim)
+        scale = F32(s.qk_head_dim ** -0.5)
+        out = np.empty((s.n_heads, s.v_head_dim), dtype=F32)
+        for h in range(s.n_heads):
+            scores = (kv[:, h, :nope] @ q_nope[h] + k_pe @ q_pe[h]) * scale
+            out[h] = softmax(scores) @ kv[:, h, nope:]
+        return self._mm(p + "attn.o", out.reshape(-1))
+
     def _attention(self, layer: int, x: np.ndarray) -> np.ndarray:
         s, w, p = self.spec, self.w, f"layers.{layer}."
+        if s.mla:
+            return self._mla(layer, x)
         q, k, v = self._mm(p + "attn.q", x), self._mm(p + "attn.k", x), self._mm(p + "attn.v", x)
         if s.qkv_bias:
             q, k, v = q + w[p + "attn.q_bias"], k + w[p + "attn.k_bias"], v + w[p + "attn.v_bias"]
@@ -270,7 +347,11 @@ class Reference:
         if s.expert_bias:  # gpt-oss: top-k of the biased logits, softmax over the chosen (= renormalised)
             logits = logits + w[p + "router_bias"]
         self.router_probs[layer] = softmax(logits)
-        experts, weights = route(logits, s.top_k, s.norm_topk_prob, s.routed_scale)
+        if s.router_scoring == "softmax" and s.group_score == "none":
+            experts, weights = route(logits, s.top_k, s.norm_topk_prob, s.routed_scale)
+        else:
+            bias = w[p + "choice_bias"] if s.router_scoring == "sigmoid" else None
+            experts, weights = route_grouped(logits, s, bias)
         self.routing.append(experts)
         acc = np.zeros_like(x)
         for e, g in zip(experts, weights, strict=True):

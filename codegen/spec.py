@@ -16,6 +16,12 @@ from .format import canonical_name, feature_flags, tensor_order
 
 ROPE_TYPES = ("default", "llama3", "yarn")  # rope scaling the exporter's rope_freq implements (codegen/rope.py)
 QK_NORMS = ("none", "head", "full")  # no q/k norm; RMSNorm per head (Qwen3); over all heads at once (OLMoE)
+# How a router scores its experts: softmax of the logits (every family but DeepSeek-V3); sigmoid of the logits
+# with a per-expert bias (moe.choice_bias, HF e_score_correction_bias) added for choosing only (DeepSeek-V3)
+ROUTER_SCORINGS = ("softmax", "sigmoid")
+# Group-limited top-k (DeepSeek n_group / topk_group): how a group of experts is scored: none (plain top-k),
+# its best expert (DeepSeek-V2 group_limited_greedy), the sum of its best two (DeepSeek-V3)
+GROUP_SCORES = ("none", "max", "top2_sum")
 
 _INT_FIELDS = ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "n_experts", "top_k",
                "max_position")
@@ -69,6 +75,20 @@ class ModelSpec:
     expert_bias: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 0.0
+    # Multi-head latent attention (DeepSeek-V2/V3 MLA) when kv_lora_rank > 0: keys and values come from one
+    # latent of kv_lora_rank per position (attn.kv_a: latent ‖ the shared rope key of head_dim, attn.kv_a_norm,
+    # attn.kv_b: per head qk_nope_head_dim key rows then v_head_dim value rows), queries of qk_nope_head_dim +
+    # head_dim per head from attn.q or, when q_lora_rank > 0, attn.q_a, attn.q_a_norm and attn.q_b. head_dim
+    # is the rope part (HF qk_rope_head_dim); its rows are stored in rotate_half order (the importer permutes
+    # DeepSeek's interleaved pairs). n_kv_heads equals n_heads.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    router_scoring: str = "softmax"  # one of ROUTER_SCORINGS
+    group_score: str = "none"  # one of GROUP_SCORES
+    n_group: int = 1  # experts in n_group equal groups; the top-k is taken within the best topk_group of them
+    topk_group: int = 1
 
     def __post_init__(self) -> None:
         for name in ("dense_layers", "sliding_window"):
@@ -91,9 +111,27 @@ class ModelSpec:
         return [layer for layer in range(self.n_layers) if layer not in self.dense_layers]
 
     @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query (and key) head: the whole head_dim, or with MLA its nope part and rope part."""
+        return self.qk_nope_head_dim + self.head_dim if self.mla else self.head_dim
+
+    @property
     def q_dim(self) -> int:
-        """Width of the concatenated query heads (rows of attn.q, columns of attn.o)."""
-        return self.n_heads * self.head_dim
+        """Width of the concatenated query heads (rows of attn.q / attn.q_b)."""
+        return self.n_heads * self.qk_head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the concatenated attention output heads (columns of attn.o)."""
+        return self.n_heads * (self.v_head_dim if self.mla else self.head_dim)
+
+    def latent_kv_row(self) -> int:
+        """f32 elements one position of one layer keeps in an MLA cache: the latent and the rope key."""
+        return self.kv_lora_rank + self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -191,8 +229,43 @@ def _first_problem(s: ModelSpec) -> str | None:
         if not isinstance(s.rope_original_max, int) or isinstance(s.rope_original_max, bool) \
                 or s.rope_original_max <= 0:
             return f"rope_original_max must be a positive integer, got {s.rope_original_max!r}"
+    problem = _mla_problem(s)
+    if problem is not None:
+        return problem
     if len(d) > 256 or (d and d[-1] >= 256):
         return "dense layers beyond layer 255 are not supported by the blob format"
+    return None
+
+
+def _mla_problem(s: ModelSpec) -> str | None:
+    for name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group"):
+        v = getattr(s, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name in ("n_group", "topk_group") else 0):
+            return f"{name} must be a {'positive' if name in ('n_group', 'topk_group') else 'non-negative'} " \
+                   f"integer, got {v!r}"
+    if s.mla and (not s.qk_nope_head_dim or not s.v_head_dim):
+        return "MLA (kv_lora_rank > 0) needs qk_nope_head_dim and v_head_dim"
+    if not s.mla and (s.q_lora_rank or s.qk_nope_head_dim or s.v_head_dim):
+        return "q_lora_rank, qk_nope_head_dim and v_head_dim are MLA fields (kv_lora_rank 0)"
+    if s.mla and s.n_kv_heads != s.n_heads:
+        return f"MLA needs n_kv_heads equal to n_heads, got {s.n_kv_heads} and {s.n_heads}"
+    if s.router_scoring not in ROUTER_SCORINGS:
+        return f"router_scoring {s.router_scoring!r} is not one of {', '.join(ROUTER_SCORINGS)}"
+    if s.group_score not in GROUP_SCORES:
+        return f"group_score {s.group_score!r} is not one of {', '.join(GROUP_SCORES)}"
+    if s.group_score == "none" and (s.n_group, s.topk_group) != (1, 1):
+        return "n_group and topk_group other than 1 need a group_score"
+    if (s.group_score, s.router_scoring) in (("max", "sigmoid"), ("top2_sum", "softmax")):
+        return f"group_score {s.group_score} does not go with router_scoring {s.router_scoring}"
+    if s.group_score != "none":
+        if s.n_experts % s.n_group:
+            return f"n_experts {s.n_experts} is not a multiple of n_group {s.n_group}"
+        if s.topk_group > s.n_group:
+            return f"topk_group {s.topk_group} exceeds n_group {s.n_group}"
+        if s.top_k > s.topk_group * (s.n_experts // s.n_group):
+            return f"top_k {s.top_k} exceeds the experts of topk_group {s.topk_group} groups"
+        if s.group_score == "top2_sum" and s.n_experts // s.n_group < 2:
+            return "group_score top2_sum needs at least 2 experts a group"
     return None
 
 
@@ -208,11 +281,19 @@ def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | No
     fixed = {
         "attn_norm": (h,),
         "ffn_norm": (h,),
-        "attn.q": (spec.q_dim, h),
-        "attn.k": (spec.kv_dim, h),
-        "attn.v": (spec.kv_dim, h),
-        "attn.o": (h, spec.q_dim),
+        "attn.o": (h, spec.o_dim),
     }
+    if spec.mla:
+        r, nh = spec.kv_lora_rank, spec.n_heads
+        fixed.update({"attn.kv_a": (r + spec.head_dim, h), "attn.kv_a_norm": (r,),
+                      "attn.kv_b": (nh * (spec.qk_nope_head_dim + spec.v_head_dim), r)})
+        if spec.q_lora_rank:
+            fixed.update({"attn.q_a": (spec.q_lora_rank, h), "attn.q_a_norm": (spec.q_lora_rank,),
+                          "attn.q_b": (spec.q_dim, spec.q_lora_rank)})
+        else:
+            fixed["attn.q"] = (spec.q_dim, h)
+    else:
+        fixed.update({"attn.q": (spec.q_dim, h), "attn.k": (spec.kv_dim, h), "attn.v": (spec.kv_dim, h)})
     if spec.qkv_bias:
         fixed.update({"attn.q_bias": (spec.q_dim,), "attn.k_bias": (spec.kv_dim,), "attn.v_bias": (spec.kv_dim,)})
     if spec.attn_sinks:
@@ -230,6 +311,8 @@ def _layer_shape(spec: ModelSpec, layer: int, rest: str) -> tuple[int, ...] | No
         fixed["moe.router"] = (spec.n_experts, h)
         if spec.expert_bias:
             fixed["moe.router_bias"] = (spec.n_experts,)
+        if spec.router_scoring == "sigmoid":
+            fixed["moe.choice_bias"] = (spec.n_experts,)
         if spec.shared_gate:
             fixed["moe.shared_gate"] = (1, h)
         if spec.shared_ffn:

@@ -30,8 +30,9 @@ class Quantized:
 
 
 def tensor_quant(name: str, quant: str) -> str:
-    """The quantization a tensor gets: norms, biases, router and shared gate stay float32."""
-    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.sinks")):
+    """The quantization a tensor gets: norms, biases, router and shared gate stay float32, and so does
+    MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att)."""
+    if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.kv_b", "attn.sinks")):
         return "f32"
     return quant
 

@@ -114,8 +114,23 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
                 "first_k_dense_replace": len(dense), "moe_layer_freq": 1, "norm_topk_prob": spec.norm_topk_prob,
                 "routed_scaling_factor": spec.routed_scale, "scoring_func": "softmax", "topk_method": "greedy",
                 "attention_bias": False}
+    if spec.arch in MLA_ARCHES:
+        if dense != list(range(len(dense))):
+            raise ValueError(f"synth: {spec.arch} dense layers must be the first ones (first_k_dense_replace)")
+        out = {"intermediate_size": spec.dense_ffn or spec.ffn, "moe_intermediate_size": spec.ffn,
+               "n_routed_experts": spec.n_experts, "n_shared_experts": spec.shared_ffn // spec.ffn,
+               "first_k_dense_replace": len(dense), "routed_scaling_factor": spec.routed_scale,
+               "norm_topk_prob": spec.norm_topk_prob, "attention_bias": False, "head_dim": spec.head_dim,
+               "kv_lora_rank": spec.kv_lora_rank, "q_lora_rank": spec.q_lora_rank or None,
+               "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.head_dim,
+               "v_head_dim": spec.v_head_dim, "n_group": spec.n_group, "topk_group": spec.topk_group}
+        if spec.arch == "deepseek-v2":
+            out["topk_method"] = "greedy" if spec.group_score == "none" else "group_limited_greedy"
+        else:
+            out.update(rope_interleave=True, scoring_func="sigmoid", topk_method="noaux_tc")
+        return out
     if spec.arch in DENSE_ARCHES:
-        out: dict[str, object] = {"intermediate_size": spec.dense_ffn, "head_dim": spec.head_dim}
+        out = {"intermediate_size": spec.dense_ffn, "head_dim": spec.head_dim}
         if spec.arch == "mistral":
             out["sliding_window"] = spec.sliding_window[0] if spec.sliding_window else None
         if spec.arch in ("qwen2", "qwen3"):
@@ -140,6 +155,23 @@ def _family_config(spec: ModelSpec) -> dict[str, object]:
 
 
 DENSE_ARCHES = ("llama", "mistral", "qwen2", "qwen3")  # every layer a dense MLP (importers/dense.py)
+MLA_ARCHES = ("deepseek-v2", "deepseek-v3")  # multi-head latent attention (importers/deepseek_v2.py)
+
+
+def _mla_features(arch: str, hidden: int, heads: int, head_dim: int, experts: int, top_k: int,
+                  kv_lora_rank: int | None, q_lora_rank: int | None) -> dict[str, object]:
+    """A small MLA: head_dim the nope and v width of a head, rope dims half of it (even, at least 2), latents of
+    hidden / 2; V3 with a q latent and the best of 2 expert groups, V2 with a plain q_proj and greedy top-k."""
+    rope = max(2, head_dim // 4 * 2)
+    out: dict[str, object] = dict(
+        n_kv_heads=heads, head_dim=rope, qk_nope_head_dim=head_dim, v_head_dim=head_dim,
+        kv_lora_rank=kv_lora_rank or max(2, hidden // 2),
+        q_lora_rank=(max(2, hidden // 2) if arch == "deepseek-v3" else 0) if q_lora_rank is None else q_lora_rank)
+    if arch == "deepseek-v3":
+        out["router_scoring"] = "sigmoid"
+        if experts % 2 == 0 and experts >= 4 and top_k <= experts // 2:
+            out.update(group_score="top2_sum", n_group=2, topk_group=1)
+    return out
 
 
 def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[str, object]:
@@ -262,10 +294,10 @@ def _features(arch: str, ffn: int, shared_ffn: int | None, dense_ffn: int | None
         out.update(qk_norm="head", norm_topk_prob=True if norm_topk_prob is None else norm_topk_prob)
     elif arch == "olmoe":
         out.update(qk_norm="full", norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
-    elif arch == "deepseek":
+    elif arch == "deepseek" or arch in MLA_ARCHES:
         shared = ffn if shared_ffn is None else shared_ffn
         if shared % ffn:
-            raise ValueError(f"synth: deepseek shared_ffn {shared} is not a multiple of ffn {ffn}")
+            raise ValueError(f"synth: {arch} shared_ffn {shared} is not a multiple of ffn {ffn}")
         out.update(shared_ffn=shared, routed_scale=float(routed_scale),
                    norm_topk_prob=False if norm_topk_prob is None else norm_topk_prob)
     return out
@@ -277,7 +309,8 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
                      rope_theta: float = 1e6, max_position: int = 4096, heavy_tail: bool = False,
                      shards: int = 1, shared_ffn: int | None = None, dense_ffn: int | None = None,
                      dense_layers: tuple[int, ...] | list[int] | None = None, norm_topk_prob: bool | None = None,
-                     routed_scale: float = 1.0, sliding_window: int | None = None) -> Path:
+                     routed_scale: float = 1.0, sliding_window: int | None = None, kv_lora_rank: int | None = None,
+                     q_lora_rank: int | None = None) -> Path:
     """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed.
 
     `arch` picks the HF family (names and config keys); its features take the family's typical values
@@ -285,6 +318,8 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     and norm_topk_prob false; Qwen3-MoE per-head q/k norms and norm_topk_prob true; OLMoE whole-projection
     q/k norms and norm_topk_prob false; DeepSeek an ungated shared expert (a multiple of ffn). dense_layers
     (with dense_ffn, default 2 * ffn) become `mlp_only_layers` (first_k_dense_replace for DeepSeek).
+    DeepSeek-V2/V3 are MLA (see _mla_features; kv_heads is heads, key and value being per head): kv_lora_rank
+    and q_lora_rank (0: a plain q_proj) default to hidden / 2, V2 without a q latent.
     """
     if arch not in ARCHES:
         raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
@@ -300,12 +335,18 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         raise ValueError(f"synth: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if head_dim is None and heads > 0 and hidden % heads:
         raise ValueError(f"synth: hidden {hidden} is not a multiple of heads {heads}; give head_dim")
+    dims: dict[str, object] = dict(n_kv_heads=kv_heads, head_dim=head_dim if head_dim is not None
+                                   else hidden // max(heads, 1))
+    if arch in MLA_ARCHES:
+        dims = _mla_features(arch, hidden, heads, int(dims["head_dim"]), experts, top_k, kv_lora_rank,
+                             q_lora_rank)
+    features = _features(arch, ffn, shared_ffn, dense_ffn, dense_layers, norm_topk_prob, routed_scale)
+    if arch == "deepseek-v3" and norm_topk_prob is None:
+        features["norm_topk_prob"] = True  # DeepseekV3Config's default
     spec = ModelSpec(
-        arch=arch, vocab=vocab, hidden=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
-        head_dim=head_dim if head_dim is not None else hidden // max(heads, 1), ffn=ffn, n_experts=experts,
+        arch=arch, vocab=vocab, hidden=hidden, n_layers=layers, n_heads=heads, ffn=ffn, n_experts=experts,
         top_k=top_k, rms_eps=RMS_EPS, rope_theta=float(rope_theta), tied=bool(tie), max_position=max_position,
-        **_features(arch, ffn, shared_ffn, dense_ffn, dense_layers, norm_topk_prob, routed_scale),
-        sliding_window=_windows(arch, layers, sliding_window),
+        **dims, **features, sliding_window=_windows(arch, layers, sliding_window),
     )
     n_tensors = len(canonical_names(spec))
     if not 1 <= shards <= n_tensors:

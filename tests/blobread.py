@@ -13,6 +13,9 @@ import numpy as np
 
 KIND_NAMES = {1: "embed", 2: "rope_freq", 3: "attn_norm", 4: "attn.q", 5: "attn.k", 6: "attn.v", 7: "attn.o",
               8: "ffn_norm", 9: "moe.router", 10: "gate", 11: "down", 12: "up", 13: "final_norm", 14: "lm_head",
+              # DeepSeek-V2/V3: MLA attention, V3's router bias
+              40: "attn.q_a", 41: "attn.q_a_norm", 42: "attn.q_b", 43: "attn.kv_a", 44: "attn.kv_a_norm",
+              45: "attn.kv_b", 46: "moe.choice_bias",
               # format 1.1
               15: "attn.q_bias", 16: "attn.k_bias", 17: "attn.v_bias", 18: "attn.q_norm", 19: "attn.k_norm",
               20: "moe.shared_gate", 21: "moe.shared.gate", 22: "moe.shared.down", 23: "moe.shared.up",

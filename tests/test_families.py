@@ -137,7 +137,7 @@ DEEPSEEK_V2 = {
 
 
 @pytest.mark.parametrize("cfg, key", [
-    (DEEPSEEK_V2, "kv_lora_rank"),
+    ({**DEEPSEEK_V2, "qk_rope_head_dim": 7}, "qk_rope_head_dim"),
     ({**DEEPSEEK_V2, "architectures": ["DeepseekForCausalLM"], "model_type": "deepseek"}, "kv_lora_rank"),
     ({**DEEPSEEK_V2, "architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "kv_lora_rank": None,
       "qk_rope_head_dim": None, "n_group": 4, "topk_group": 2}, "n_group"),

@@ -27,6 +27,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
             a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
             experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
             head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards, sliding_window=a.sliding_window,
+            kv_lora_rank=a.kv_lora_rank, q_lora_rank=a.q_lora_rank,
         )
     except ValueError as e:  # the dimensions do not make a model; the message names the option
         if a.debug:
@@ -247,6 +248,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--head-dim", type=int, default=None)
     s.add_argument("--sliding-window", type=int, default=None,
                    help="attention window (mistral: every layer; gpt-oss: the sliding layers)")
+    s.add_argument("--kv-lora-rank", type=int, default=None, help="MLA (deepseek-v2/v3) key/value latent width")
+    s.add_argument("--q-lora-rank", type=int, default=None, help="MLA query latent width (0: a plain q_proj)")
     s.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     s.add_argument("--tie", action="store_true", help="tie lm_head to the embedding")
     s.add_argument("--heavy-tail", action="store_true", help="Student-t weights with outliers")

@@ -10,7 +10,7 @@ from ..errors import ExportError
 from ._registry import REGISTRY, Importer, View
 
 # isort: off
-from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, dense, granitemoe, gpt_oss  # noqa: E402,F401 (each registers itself: this order)
+from . import mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek, dense, granitemoe, gpt_oss, deepseek_v2  # noqa: E402,F401 (each registers itself: this order)
 # isort: on
 
 __all__ = ["FAMILIES", "IMPORTERS", "Importer", "View", "find_importer"]

@@ -1,5 +1,5 @@
-"""DeepSeek-MoE (DeepseekForCausalLM, model_type "deepseek", deepseek-moe-16b's remote code), and
-DeepSeek-V2/V3 configs only as far as they need no new attention.
+"""DeepSeek-MoE (DeepseekForCausalLM, model_type "deepseek", deepseek-moe-16b's remote code). DeepSeek-V2/V3
+(always MLA) are importers/deepseek_v2.py.
 
 Accepted: plain multi-head / grouped attention (q_proj, k_proj, v_proj, o_proj without biases),
 `n_routed_experts` experts of `moe_intermediate_size`, `n_shared_experts` shared experts (one MLP of
@@ -21,11 +21,11 @@ from ..spec import ModelSpec
 from . import _hf
 from ._registry import Importer, register
 
-ARCHITECTURES = ("DeepseekForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-MODEL_TYPES = ("deepseek", "deepseek_v2", "deepseek_v3")
+ARCHITECTURES = ("DeepseekForCausalLM",)
+MODEL_TYPES = ("deepseek",)
 # Other spellings of config keys (canonical -> aliases), as the family's HF config class accepts them.
-# DeepseekV2Config / DeepseekV3Config: attribute_map {"num_local_experts": "n_routed_experts"};
-# the remote-code DeepseekConfig (deepseek-moe) reads n_routed_experts only.
+# The remote-code DeepseekConfig (deepseek-moe) reads n_routed_experts only; num_local_experts kept as an
+# alias (what the V2/V3 classes' attribute_map spells it).
 ALIASES: dict[str, tuple[str, ...]] = {"n_routed_experts": ("num_local_experts",)}
 NAMES = _hf.Names(shared="mlp.shared_experts")
 

@@ -80,6 +80,16 @@ static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[C
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);
+    if (m->flags & CB_FLAG_MLA) { /* f32 latents and rope keys; q and att rows (codegen/plan.py mla_row_widths) */
+        const cb_mla_dims d = cb_mla_of(blob, m);
+        uint64_t h = m->n_heads, r = d.kv_lora, att = cb_mul(h, cb_add(d.v, r));
+        att = d.q_lora > att ? d.q_lora : att;
+        att = cb_add(r, m->head_dim) > att ? cb_add(r, m->head_dim) : att;
+        n[CB_BUF_KEY_CACHE] = cb_mul(cb_mul(cb_mul(m->n_layers, m->max_seq), r), sizeof(float));
+        n[CB_BUF_VALUE_CACHE] = cb_mul(cb_mul(cb_mul(m->n_layers, m->max_seq), m->head_dim), sizeof(float));
+        n[CB_BUF_Q] = cb_mul(b, cb_add(cb_mul(h, cb_add(d.nope, m->head_dim)), cb_mul(h, r)));
+        n[CB_BUF_ATT] = cb_mul(b, att);
+    }
     for (int i = 0; i < CB_N_BUFFERS; i++)
         if (i != CB_BUF_KEY_CACHE && i != CB_BUF_VALUE_CACHE)
             n[i] = cb_mul(n[i], sizeof(float));
@@ -137,6 +147,32 @@ static colibri_status cb_check_features(cb_check *v, uint32_t flags)
     }
     if ((flags & CB_FLAG_DENSE_LAYERS) && n_dense == 0)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* dense_map: empty with DENSE_LAYERS */
+    return COLIBRI_OK;
+}
+
+/* MLA's widths from the shapes of layer 0 (cb_check_tensors then holds every layer to them): the latent
+ * (KV_B's cols), the q latent (Q_A's rows), each head's nope part (its query rows less head_dim, the rope
+ * part) and its value width (its KV_B rows less the nope part). */
+static colibri_status cb_check_mla(cb_check *v)
+{
+    const uint8_t *b = v->b;
+    const cb_model *m = v->m;
+    const uint32_t flags = m->flags;
+    if (!(flags & CB_FLAG_MLA))
+        return flags & CB_FLAG_Q_LORA ? CB_BAD(COLIBRI_E_BAD_HEADER) : COLIBRI_OK; /* flags: Q_LORA without MLA */
+    if (m->n_kv_heads != m->n_heads || (flags & (CB_FLAG_KV | CB_FLAG_QKV_BIAS | CB_FLAG_QK_NORM)))
+        return CB_BAD(COLIBRI_E_BAD_HEADER); /* flags: MLA with kv heads, a 16/8-bit cache, biases or q/k norms */
+    const cb_slots s = cb_layer_slots(flags, m->n_experts, cb_dense_bit(b, flags, 0));
+    if ((uint64_t)CB_FIRST_LAYER + s.n_tensors > cb_rd32(b + CB_H_N_TENSORS))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* n_tensors: no first layer to read MLA's widths from */
+    const uint8_t *kv_b = cb_entry(b, CB_FIRST_LAYER + s.mla + CB_OFF_KV_B);
+    const uint8_t *q = cb_entry(b, CB_FIRST_LAYER + (flags & CB_FLAG_Q_LORA ? s.q_lora + CB_OFF_Q_B : s.wq));
+    uint32_t h = m->n_heads, q_rows = cb_rd32(q + CB_E_ROWS), kv_rows = cb_rd32(kv_b + CB_E_ROWS);
+    if (q_rows % h || kv_rows % h || q_rows / h <= m->head_dim || kv_rows / h <= q_rows / h - m->head_dim)
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* MLA: query or kv_b rows not heads of nope + rope, nope + v */
+    const cb_mla_dims d = cb_mla_of(b, m);
+    if (!d.kv_lora || ((flags & CB_FLAG_Q_LORA) && !d.q_lora))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* MLA: a zero latent width */
     return COLIBRI_OK;
 }
 
@@ -269,6 +305,7 @@ static colibri_status cb_check_header(cb_check *v)
     if (m->n_layers > CB_MAX_LAYERS || m->n_experts > CB_MAX_EXPERTS)
         return CB_BAD(COLIBRI_E_BAD_HEADER); /* n_layers or n_experts: above CB_MAX_LAYERS, CB_MAX_EXPERTS */
     CB_TRY(cb_check_params(v));
+    CB_TRY(cb_check_mla(v));
     uint64_t bytes[CB_N_BUFFERS];
     cb_buffer_bytes(b, m, bytes);
     /* >= rather than >: on 64-bit hosts SIZE_MAX is also the saturated value */
@@ -381,6 +418,27 @@ static colibri_status cb_check_gpt_oss(cb_check *v, size_t base, const cb_slots 
     return COLIBRI_OK;
 }
 
+/* Layer l's MLA attention (its first table index base): q_proj or q_a, q_a_norm, q_b; kv_a, kv_a_norm,
+ * kv_b (F32: the forward pass reads it per head, both ways); o_proj. */
+static colibri_status cb_check_mla_entries(cb_check *v, size_t base, const cb_slots *s, uint32_t l)
+{
+    const cb_model *m = v->m;
+    const cb_mla_dims mla = cb_mla_of(v->b, m);
+    const uint64_t d = m->hidden, h = m->n_heads, r = mla.kv_lora, qk = (uint64_t)mla.nope + m->head_dim;
+    if (s->q_lora != CB_NO_SLOT) {
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_A, CB_KIND_Q_A, l, 0, mla.q_lora, d, DT_ANY));
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_A_NORM, CB_KIND_Q_A_NORM, l, 0, 1, mla.q_lora, DT(CB_F32)));
+        CB_TRY(cb_check_entry(v, base + s->q_lora + CB_OFF_Q_B, CB_KIND_Q_B, l, 0, h * qk, mla.q_lora, DT_ANY));
+    } else {
+        CB_TRY(cb_check_entry(v, base + s->wq, CB_KIND_WQ, l, 0, h * qk, d, DT_ANY));
+    }
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_A, CB_KIND_KV_A, l, 0, r + m->head_dim, d, DT_ANY));
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_A_NORM, CB_KIND_KV_A_NORM, l, 0, 1, r, DT(CB_F32)));
+    CB_TRY(cb_check_entry(v, base + s->mla + CB_OFF_KV_B, CB_KIND_KV_B, l, 0, h * ((uint64_t)mla.nope + mla.v), r,
+                          DT(CB_F32)));
+    return cb_check_entry(v, base + s->wo, CB_KIND_WO, l, 0, d, h * mla.v, DT_ANY);
+}
+
 /* Every entry, in table order, against the kind, shape and dtypes its place in the table implies. */
 static colibri_status cb_check_tensors(cb_check *v)
 {
@@ -398,10 +456,14 @@ static colibri_status cb_check_tensors(cb_check *v)
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const cb_slots s = cb_layer_slots(m->flags, m->n_experts, cb_dense_bit(v->b, m->flags, l));
         CB_TRY(cb_check_entry(v, base + s.attn_norm, CB_KIND_ATTN_NORM, l, 0, 1, d, DT(CB_F32)));
-        CB_TRY(cb_check_entry(v, base + s.wq, CB_KIND_WQ, l, 0, qdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wk, CB_KIND_WK, l, 0, kvdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wv, CB_KIND_WV, l, 0, kvdim, d, DT_ANY));
-        CB_TRY(cb_check_entry(v, base + s.wo, CB_KIND_WO, l, 0, d, qdim, DT_ANY));
+        if (s.mla != CB_NO_SLOT) {
+            CB_TRY(cb_check_mla_entries(v, base, &s, l));
+        } else {
+            CB_TRY(cb_check_entry(v, base + s.wq, CB_KIND_WQ, l, 0, qdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wk, CB_KIND_WK, l, 0, kvdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wv, CB_KIND_WV, l, 0, kvdim, d, DT_ANY));
+            CB_TRY(cb_check_entry(v, base + s.wo, CB_KIND_WO, l, 0, d, qdim, DT_ANY));
+        }
         if (s.qkv_bias != CB_NO_SLOT) {
             CB_TRY(cb_check_entry(v, base + s.qkv_bias + CB_OFF_BQ, CB_KIND_BQ, l, 0, 1, qdim, DT(CB_F32)));
             CB_TRY(cb_check_entry(v, base + s.qkv_bias + CB_OFF_BK, CB_KIND_BK, l, 0, 1, kvdim, DT(CB_F32)));
@@ -418,6 +480,8 @@ static colibri_status cb_check_tensors(cb_check *v)
             CB_TRY(cb_check_mlp(v, base + s.mlp, mlp_kinds, l, 0, m->dense_ffn));
         if (s.router != CB_NO_SLOT)
             CB_TRY(cb_check_entry(v, base + s.router, CB_KIND_ROUTER, l, 0, m->n_experts, d, DT(CB_F32) | DT(CB_F16)));
+        if (s.choice_bias != CB_NO_SLOT)
+            CB_TRY(cb_check_entry(v, base + s.choice_bias, CB_KIND_CHOICE_BIAS, l, 0, 1, m->n_experts, DT(CB_F32)));
         if (s.experts != CB_NO_SLOT)
             for (uint32_t e = 0; e < m->n_experts; e++)
                 CB_TRY(cb_check_mlp(v, base + s.experts + (size_t)CB_MLP_TENSORS * e, expert_kinds, l, e, m->ffn));
@@ -456,7 +520,7 @@ static colibri_status cb_check_plan(cb_check *v)
             return CB_BAD(COLIBRI_E_BAD_PLAN); /* buffer_offset: unaligned, on the context, or past arena_bytes */
     }
     if (m->xq_off) { /* live through every step: it overlaps no buffer */
-        uint64_t xq_end = cb_add(m->xq_off, cb_mul(m->block, cb_xq_row_bytes(m)));
+        uint64_t xq_end = cb_add(m->xq_off, cb_mul(m->block, cb_xq_row_bytes(m, b)));
         if (m->xq_off % CB_ALIGN != 0 || m->xq_off < CB_CTX_BYTES || xq_end > arena)
             return CB_BAD(COLIBRI_E_BAD_PLAN); /* xq_offset: unaligned, on the context, or past arena_bytes */
         for (int i = 0; i < n_buffers; i++)
@@ -566,7 +630,7 @@ static colibri_status cb_class_ranges(const uint8_t *b, const cb_model *m, size_
     first[COLIBRI_CLASS_KV_CACHE] = first[COLIBRI_CLASS_SCRATCH] = SIZE_MAX;
     first[COLIBRI_CLASS_ACTIVATIONS] = 0;
     uint32_t n = m->n_buffers;
-    bytes[n] = cb_mul(m->block, cb_xq_row_bytes(m)); /* xq, when there is one, after the table's buffers */
+    bytes[n] = cb_mul(m->block, cb_xq_row_bytes(m, b)); /* xq, when there is one, after the table's buffers */
     for (uint32_t i = 0; i < n + (m->xq_off != 0); i++) {
         size_t off = (size_t)(i < n ? cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) : m->xq_off), e = off + (size_t)bytes[i];
         int c = cls[i < n ? i : CB_N_BUFFERS];

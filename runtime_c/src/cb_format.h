@@ -99,7 +99,11 @@
 #define CB_FLAG_CLAMPED_SWIGLU (1u << 17)
 #define CB_FLAG_KV_F16 (1u << 14)
 #define CB_FLAG_KV_INT8 (1u << 15)
-#define CB_FLAGS_KNOWN 0x3FFFFu
+#define CB_FLAG_MLA (1u << 20)
+#define CB_FLAG_Q_LORA (1u << 21)
+#define CB_FLAG_ROUTER_SIGMOID (1u << 22)
+#define CB_FLAG_GROUP_TOPK (1u << 23)
+#define CB_FLAGS_KNOWN 0x73FFFFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -161,6 +165,13 @@ enum cb_kind {
     CB_KIND_MLP_GATE = 24,
     CB_KIND_MLP_DOWN = 25,
     CB_KIND_MLP_UP = 26,
+    CB_KIND_Q_A = 40,
+    CB_KIND_Q_A_NORM = 41,
+    CB_KIND_Q_B = 42,
+    CB_KIND_KV_A = 43,
+    CB_KIND_KV_A_NORM = 44,
+    CB_KIND_KV_B = 45,
+    CB_KIND_CHOICE_BIAS = 46,
     CB_KIND_TOKENIZER = 27,
     CB_KIND_PARAMS = 28,
     CB_KIND_SINKS = 29,
@@ -180,6 +191,12 @@ enum cb_kind {
 #define CB_MLP_DOWN 1u
 #define CB_MLP_UP 2u
 #define CB_MLP_TENSORS 3u
+#define CB_OFF_Q_A 0u /* in the q_lora slot */
+#define CB_OFF_Q_A_NORM 1u /* in the q_lora slot */
+#define CB_OFF_Q_B 2u /* in the q_lora slot */
+#define CB_OFF_KV_A 0u /* in the mla slot */
+#define CB_OFF_KV_A_NORM 1u /* in the mla slot */
+#define CB_OFF_KV_B 2u /* in the mla slot */
 #define CB_OFF_BQ 0u /* in the qkv_bias slot */
 #define CB_OFF_BK 1u /* in the qkv_bias slot */
 #define CB_OFF_BV 2u /* in the qkv_bias slot */
@@ -190,7 +207,7 @@ enum cb_kind {
  * or the layer's kind (dense MLP or MoE) leave a slot out. */
 #define CB_NO_SLOT UINT32_MAX
 typedef struct cb_slots {
-    uint32_t attn_norm, wq, wk, wv, wo, qkv_bias, qk_norm, ffn_norm, mlp, router, experts, shared_gate, shared, o_bias, sinks, router_bias, expert_bias;
+    uint32_t attn_norm, wq, wk, wv, wo, q_lora, mla, qkv_bias, qk_norm, ffn_norm, mlp, router, choice_bias, experts, shared_gate, shared, o_bias, sinks, router_bias, expert_bias;
     uint32_t n_tensors; /* entries of the layer */
 } cb_slots;
 
@@ -201,14 +218,33 @@ static inline cb_slots cb_layer_slots(uint32_t flags, uint32_t n_experts, int de
     uint32_t n = 0;
     s.attn_norm = n;
     n += 1u;
-    s.wq = n;
-    n += 1u;
-    s.wk = n;
-    n += 1u;
-    s.wv = n;
-    n += 1u;
+    s.wq = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_Q_LORA)) {
+        s.wq = n;
+        n += 1u;
+    }
+    s.wk = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_MLA)) {
+        s.wk = n;
+        n += 1u;
+    }
+    s.wv = CB_NO_SLOT;
+    if (!(flags & CB_FLAG_MLA)) {
+        s.wv = n;
+        n += 1u;
+    }
     s.wo = n;
     n += 1u;
+    s.q_lora = CB_NO_SLOT;
+    if ((flags & CB_FLAG_Q_LORA)) {
+        s.q_lora = n;
+        n += 3u;
+    }
+    s.mla = CB_NO_SLOT;
+    if ((flags & CB_FLAG_MLA)) {
+        s.mla = n;
+        n += 3u;
+    }
     s.qkv_bias = CB_NO_SLOT;
     if ((flags & CB_FLAG_QKV_BIAS)) {
         s.qkv_bias = n;
@@ -229,6 +265,11 @@ static inline cb_slots cb_layer_slots(uint32_t flags, uint32_t n_experts, int de
     s.router = CB_NO_SLOT;
     if (!dense) {
         s.router = n;
+        n += 1u;
+    }
+    s.choice_bias = CB_NO_SLOT;
+    if (!dense && (flags & CB_FLAG_ROUTER_SIGMOID)) {
+        s.choice_bias = n;
         n += 1u;
     }
     s.experts = CB_NO_SLOT;

@@ -199,6 +199,30 @@ static inline int cb_is_q8(const cb_model *m, unsigned dtype, uint64_t cols, uin
     return m->xq_off && (dtype == CB_I8 || dtype == CB_I8C) && cols % CB_Q8_BLOCK == 0 && group % CB_Q8_BLOCK == 0;
 }
 
+/* MLA's widths (CB_FLAG_MLA), from the shapes of layer 0's entries: the latent (KV_B's cols), the q latent
+ * (Q_A's rows; 0 without Q_LORA), each head's nope part (its query rows less head_dim, the rope part) and
+ * value width (its KV_B rows less the nope part). blob.c (cb_check_mla) checks those entries before
+ * anything else reads them; all zero without MLA. Kept out of cb_model: the context has no byte to spare. */
+typedef struct cb_mla_dims {
+    uint32_t kv_lora, q_lora, nope, v;
+} cb_mla_dims;
+
+static inline cb_mla_dims cb_mla_of(const uint8_t *blob, const cb_model *m)
+{
+    cb_mla_dims d = {0, 0, 0, 0};
+    if (!(m->flags & CB_FLAG_MLA))
+        return d;
+    const cb_slots s = cb_layer_slots(m->flags, m->n_experts, cb_dense_bit(blob, m->flags, 0));
+    const uint8_t *kv_b = cb_entry(blob, CB_FIRST_LAYER + s.mla + CB_OFF_KV_B);
+    const uint8_t *q = cb_entry(blob, CB_FIRST_LAYER + (s.q_lora != CB_NO_SLOT ? s.q_lora + CB_OFF_Q_B : s.wq));
+    d.kv_lora = cb_rd32(kv_b + CB_E_COLS);
+    if (s.q_lora != CB_NO_SLOT)
+        d.q_lora = cb_rd32(cb_entry(blob, CB_FIRST_LAYER + s.q_lora + CB_OFF_Q_A) + CB_E_ROWS);
+    d.nope = cb_rd32(q + CB_E_ROWS) / m->n_heads - m->head_dim;
+    d.v = cb_rd32(kv_b + CB_E_ROWS) / m->n_heads - d.nope;
+    return d;
+}
+
 /* Bytes of one position's keys (or values) in one layer's cache (codegen/format.py kv_row_bytes): f32 or
  * f16 elements; int8: the n_kv_heads * head_dim values padded to 4 bytes, then one f32 scale per head. */
 static inline uint64_t cb_kv_row_bytes(const cb_model *m)
@@ -211,13 +235,16 @@ static inline uint64_t cb_kv_row_bytes(const cb_model *m)
 
 /* Bytes of one token's quantized activations (codegen/layout.py xq_row_bytes): q for the widest matrix
  * input in whole blocks, its block scales, its block sums, each part 64-byte aligned. */
-static inline uint64_t cb_xq_row_bytes(const cb_model *m)
+static inline uint64_t cb_xq_row_bytes(const cb_model *m, const uint8_t *blob)
 {
     uint64_t k = m->hidden, qdim = cb_mul(m->n_heads, m->head_dim);
     k = qdim > k ? qdim : k;
     k = m->ffn > k ? m->ffn : k;
     k = m->shared_ffn > k ? m->shared_ffn : k;
     k = m->dense_ffn > k ? m->dense_ffn : k;
+    const cb_mla_dims mla = cb_mla_of(blob, m); /* MLA: Q_B's input, and WO's of n_heads * v */
+    k = mla.q_lora > k ? mla.q_lora : k;
+    k = cb_mul(m->n_heads, mla.v) > k ? cb_mul(m->n_heads, mla.v) : k;
     uint64_t blocks = k / CB_Q8_BLOCK + (k % CB_Q8_BLOCK != 0);
     return cb_add(cb_align64(cb_mul(blocks, CB_Q8_BLOCK)), cb_mul(2, cb_align64(cb_mul(blocks, 4))));
 }

@@ -55,7 +55,7 @@ static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, siz
 {
     if (!c->m.xq_off) /* (a width of partial blocks is quantized too: int4 matrices take any) */
         return NULL;
-    size_t row = (size_t)cb_xq_row_bytes(&c->m), blocks = cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK);
+    size_t row = (size_t)cb_xq_row_bytes(&c->m, c->blob), blocks = cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK);
     size_t q_bytes = (size_t)cb_align64(blocks * CB_Q8_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
     for (size_t j = 0; j < n; j++) {
         /* the xq buffer: block rows of row bytes */
@@ -421,6 +421,37 @@ static void cb_route(const colibri_ctx *c, float *probs)
     }
 }
 
+/* DeepSeek-V3's routing of one token (CB_FLAG_ROUTER_SIGMOID), in and out as cb_route: scores
+ * sigmoid(logit); the top_k chosen by score + bias (CHOICE_BIAS, HF e_score_correction_bias), ties to the
+ * lower index; weights their unbiased scores, divided by their sum + 1e-20 unless TOPK_NO_NORM, times
+ * routed_scale. */
+static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bias)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c);
+    const uint32_t flags = CB_FLAGS(c);
+    size_t chosen[CB_MAX_TOP_K];
+    float weight[CB_MAX_TOP_K], sum = 0.0f;
+    for (size_t e = 0; e < n_exp; e++)
+        probs[e] = 1.0f / (1.0f + cb_expf(-probs[e]));
+    for (size_t k = 0; k < top_k; k++) {
+        size_t best = n_exp;
+        for (size_t e = 0; e < n_exp; e++)
+            if (!cb_chosen(chosen, k, e) && (best == n_exp || probs[e] + bias[e] > probs[best] + bias[best]))
+                best = e;
+        chosen[k] = best;
+        weight[k] = probs[best];
+        sum += weight[k];
+    }
+    for (size_t e = 0; e < n_exp; e++)
+        probs[e] = CB_NOT_CHOSEN;
+    for (size_t k = 0; k < top_k; k++) {
+        float w = flags & CB_FLAG_TOPK_NO_NORM ? weight[k] : weight[k] / (sum + 1e-20f);
+        if (flags & CB_FLAG_ROUTED_SCALE)
+            w *= c->m.routed_scale;
+        probs[chosen[k]] = w;
+    }
+}
+
 /* Steps 7 and 8 of an MoE layer for the n tokens of a block: route each xb row to top_k experts and
  * accumulate their weighted sum (and the shared expert's output) into its moe row. The tokens are
  * grouped by expert, so each expert's weights are read once per block; each token still sees its
@@ -450,7 +481,10 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
         extra.clamp = 1;
     }
     for (size_t j = 0; j < n; j++)
-        cb_route(c, p_rows[j]);
+        if (flags & CB_FLAG_ROUTER_SIGMOID)
+            cb_route_sigmoid(c, p_rows[j], cb_vector(c, base + s->choice_bias));
+        else
+            cb_route(c, p_rows[j]);
 
     for (size_t e = 0; e < n_exp; e++) { /* 8: the routed experts */
         size_t m = 0;
@@ -488,6 +522,131 @@ typedef struct cb_block_rows {
     float *moe[CB_MAX_BLOCK]; /* the MLP's or the experts' output */
 } cb_block_rows;
 
+/* ----------------------------------------- multi-head latent attention */
+
+#define CB_MLA_NORM_EPS 1e-6f /* q_a_layernorm and kv_a_layernorm: HF's RMSNorm default, not rms_eps */
+
+/* Widths of one token's q and att rows in an MLA model (codegen/plan.py mla_row_widths). */
+static size_t cb_mla_q_row(const colibri_ctx *c, const cb_mla_dims *d)
+{
+    return CB_N_HEADS(c) * ((size_t)d->nope + CB_HEAD_DIM(c) + d->kv_lora);
+}
+
+static size_t cb_mla_att_row(const colibri_ctx *c, const cb_mla_dims *d)
+{
+    size_t r = d->kv_lora, att = CB_N_HEADS(c) * ((size_t)d->v + r);
+    att = d->q_lora > att ? d->q_lora : att;
+    return r + CB_HEAD_DIM(c) > att ? r + CB_HEAD_DIM(c) : att;
+}
+
+/* Rotary of the rope part (the last head_dim of each qk-wide head, rows in rotate_half order: the importer
+ * permuted DeepSeek's interleaved pairs) of n_q query heads and of the one shared rope key k. */
+static void cb_mla_rotary(float *q, size_t n_q, size_t qk, float *k, size_t hd, const float *inv_freq, size_t pos)
+{
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float angle = inv_freq[i] * (float)pos;
+        float cs = cb_cosf(angle), sn = cb_sinf(angle);
+        for (size_t h = 0; h <= n_q; h++) {
+            float *v = h < n_q ? q + h * qk + (qk - hd) : k;
+            float a = v[i], b = v[i + half];
+            v[i] = a * cs - b * sn;
+            v[i + half] = b * cs + a * sn;
+        }
+    }
+}
+
+/* Step 3 of MLA for position pos of layer l, the up-projections absorbed: each head's q_nope taken into
+ * latent space through its key rows of kv_b (W_UK), scored against the cached latents (plus its rotated
+ * q_pe against the cached rope keys), the attention-weighted latent taken through its value rows of kv_b
+ * (W_UV). q: the token's q row (queries, then the latent-space queries); att: its att row (the heads'
+ * outputs, n_heads * mla_v, then the weighted latents). Exact up to float reassociation (FORMAT.md "MLA"). */
+static void cb_mla_attention(colibri_ctx *c, const cb_mla_dims *dims, size_t l, size_t pos, const cb_tensor *kv_b,
+                             float *q, float *att)
+{
+    const size_t n_heads = CB_N_HEADS(c), rope = CB_HEAD_DIM(c), nope = dims->nope, vd = dims->v;
+    const size_t r = dims->kv_lora, qk = nope + rope, n = pos + 1;
+    const float *lat = c->buf[CB_BUF_KEY_CACHE] + l * CB_MAX_SEQ(c) * r;
+    const float *kpe = c->buf[CB_BUF_VALUE_CACHE] + l * CB_MAX_SEQ(c) * rope;
+    const float scale = 1.0f / cb_sqrtf((float)qk);
+    float *scores = c->buf[CB_BUF_SCORES];
+    for (size_t h = 0; h < n_heads; h++) {
+        const float *qn = q + h * qk, *qp = qn + nope;
+        float *ql = q + n_heads * qk + h * r, *ol = att + n_heads * vd + h * r;
+        for (size_t i = 0; i < r; i++)
+            ql[i] = 0.0f;
+        for (size_t d = 0; d < nope; d++) { /* ql = W_UK^T q_nope, one key row of kv_b at a time */
+            const float *row = (const float *)(const void *)(kv_b->data + (h * (nope + vd) + d) * kv_b->row_stride);
+            for (size_t i = 0; i < r; i++)
+                ql[i] += qn[d] * row[i];
+        }
+        for (size_t t = 0; t < n; t++)
+            scores[t] = (cb_dot(ql, lat + t * r, r) + cb_dot(qp, kpe + t * rope, rope)) * scale;
+        cb_softmax(scores, n);
+        cb_weighted_rows(ol, scores, lat, r, n, r);
+        for (size_t i = 0; i < vd; i++) { /* the head's output: W_UV times its weighted latent */
+            const float *row =
+                (const float *)(const void *)(kv_b->data + (h * (nope + vd) + nope + i) * kv_b->row_stride);
+            att[h * vd + i] = cb_dot(row, ol, r);
+        }
+    }
+}
+
+/* Steps 1-4 of an MLA layer (its first table index base) for the n tokens at positions pos..: queries
+ * (q_proj, or q_a, its norm and q_b), the latent and rope key of each position into the caches (kv_a, the
+ * latent's norm, rotary), attention, then x += Wo att. */
+static void cb_mla(colibri_ctx *c, size_t l, size_t base, const cb_slots *s, size_t n, size_t pos, cb_block_rows *r)
+{
+    const cb_mla_dims d = cb_mla_of(c->blob, &c->m);
+    const size_t dim = CB_HIDDEN(c), rank = d.kv_lora, rope = CB_HEAD_DIM(c);
+    const size_t qk = (size_t)d.nope + rope, qw = cb_mla_q_row(c, &d);
+    float *q[CB_MAX_BLOCK] = {NULL}, *att[CB_MAX_BLOCK] = {NULL};
+    cb_xq xq[CB_MAX_BLOCK];
+    const float *const *xb = (const float *const *)r->xb;
+    cb_rows(c->buf[CB_BUF_Q], qw, n, q);
+    cb_rows(c->buf[CB_BUF_ATT], cb_mla_att_row(c, &d), n, att);
+    const float *const *staged = (const float *const *)att; /* step 1 stages in att (FORMAT.md "Arena") */
+    if (s->q_lora != CB_NO_SLOT) {
+        cb_mm(c, base + s->q_lora + CB_OFF_Q_A, n, xb, cb_quantize(c, xb, n, dim, xq), att, cb_ones, 0);
+        for (size_t j = 0; j < n; j++)
+            cb_rmsnorm(att[j], att[j], cb_vector(c, base + s->q_lora + CB_OFF_Q_A_NORM), d.q_lora, CB_MLA_NORM_EPS);
+        cb_mm(c, base + s->q_lora + CB_OFF_Q_B, n, staged, cb_quantize(c, staged, n, d.q_lora, xq), q, cb_ones, 0);
+    } else {
+        cb_mm(c, base + s->wq, n, xb, cb_quantize(c, xb, n, dim, xq), q, cb_ones, 0);
+    }
+    cb_mm(c, base + s->mla + CB_OFF_KV_A, n, xb, cb_quantize(c, xb, n, dim, xq), att, cb_ones, 0);
+    for (size_t j = 0; j < n; j++) { /* 1, 2: the position's latent and rope key into the caches, rotary */
+        float *lat = c->buf[CB_BUF_KEY_CACHE] + (l * CB_MAX_SEQ(c) + pos + j) * rank;
+        float *kpe = c->buf[CB_BUF_VALUE_CACHE] + (l * CB_MAX_SEQ(c) + pos + j) * rope;
+        cb_rmsnorm(lat, att[j], cb_vector(c, base + s->mla + CB_OFF_KV_A_NORM), rank, CB_MLA_NORM_EPS);
+        memcpy(kpe, att[j] + rank, rope * sizeof *kpe);
+        cb_mla_rotary(q[j], CB_N_HEADS(c), qk, kpe, rope, cb_vector(c, CB_T_ROPE_FREQ), pos + j);
+    }
+    const cb_tensor kv_b = cb_tensor_at(c, base + s->mla + CB_OFF_KV_B);
+    for (size_t j = 0; j < n; j++) /* 3 */
+        cb_mla_attention(c, &d, l, pos + j, &kv_b, q[j], att[j]);
+    const size_t ow = CB_N_HEADS(c) * d.v; /* 4: x += Wo att */
+    cb_mm(c, base + s->wo, n, staged, cb_quantize(c, staged, n, ow, xq), r->x, cb_ones, 1);
+}
+
+/* Steps 6-9 of a layer (its first table index base) for the n tokens of a block: x += mlp-or-experts(norm(x)). */
+static void cb_ffn(colibri_ctx *c, size_t base, const cb_slots *s, int dense, size_t n, cb_block_rows *r)
+{
+    const size_t dim = CB_HIDDEN(c);
+    const float *const *xb = (const float *const *)r->xb;
+    for (size_t j = 0; j < n; j++) /* 6: ffn norm */
+        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s->ffn_norm), dim, c->m.rms_eps);
+    float *moe = c->buf[CB_BUF_MOE];
+    memset(moe, 0, n * dim * sizeof *moe);
+    if (dense) /* 8: the dense MLP */
+        cb_mlp(c, base + s->mlp, n, xb, c->buf[CB_BUF_XGATE], c->buf[CB_BUF_XUP], CB_DENSE_FFN(c), r->moe, cb_ones);
+    else /* 7, 8: router, experts, shared expert */
+        cb_moe(c, base, s, n, r->xb, r->moe);
+    float *x = c->buf[CB_BUF_X]; /* 9: x += moe */
+    for (size_t i = 0; i < n * dim; i++)
+        x[i] += moe[i];
+}
+
 /* Layer l (its first table index base) for the n tokens at positions pos.., each step taken by all
  * n tokens before the next: x += attention(norm(x)), then x += mlp-or-experts(norm(x)). */
 static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *kvl, size_t n, size_t pos,
@@ -500,6 +659,13 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
     const float *const *xb = (const float *const *)r->xb;
     const float *sinks = s.sinks != CB_NO_SLOT ? cb_vector(c, base + s.sinks) : NULL;
     cb_xq xq[CB_MAX_BLOCK];
+    if (CB_FLAGS(c) & CB_FLAG_MLA) {
+        for (size_t j = 0; j < n; j++) /* 0: attention norm */
+            cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.attn_norm), dim, eps);
+        cb_mla(c, l, base, &s, n, pos, r); /* 1-4 */
+        cb_ffn(c, base, &s, dense, n, r);  /* 6-9 */
+        return;
+    }
     if (CB_KV(c)) { /* the new k and v rows in f32 after the q rows (FORMAT.md "Arena"), stored after rotary */
         float *staged = c->buf[CB_BUF_Q] + c->m.block * CB_N_HEADS(c) * CB_HEAD_DIM(c);
         cb_rows(staged, kvdim, n, r->k);
@@ -531,17 +697,7 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
         for (size_t j = 0; j < n; j++)
             cb_add_vector(r->x[j], cb_vector(c, base + s.o_bias), 1.0f, dim);
 
-    for (size_t j = 0; j < n; j++) /* 6: ffn norm */
-        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.ffn_norm), dim, eps);
-    float *moe = c->buf[CB_BUF_MOE];
-    memset(moe, 0, n * dim * sizeof *moe);
-    if (dense) /* 8: the dense MLP */
-        cb_mlp(c, base + s.mlp, n, xb, c->buf[CB_BUF_XGATE], c->buf[CB_BUF_XUP], CB_DENSE_FFN(c), r->moe, cb_ones);
-    else /* 7, 8: router, experts, shared expert */
-        cb_moe(c, base, &s, n, r->xb, r->moe);
-    float *x = c->buf[CB_BUF_X]; /* 9: x += moe */
-    for (size_t i = 0; i < n * dim; i++)
-        x[i] += moe[i];
+    cb_ffn(c, base, &s, dense, n, r); /* 6-9 */
 }
 
 static size_t cb_layer_tensors(const colibri_ctx *c, size_t l) /* table entries of layer l */
