@@ -7,6 +7,7 @@ that would alias live data is refused rather than trusted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import format as fmt
@@ -214,12 +215,21 @@ def _greedy(lifetimes, sizes: dict[str, int], members: list[int], start: int) ->
     return placed
 
 
-def largest_max_seq(spec: ModelSpec, room: int, cap: int, block: int | None = None, q8: bool = False,
-                    max_block: int = MAX_PREFILL_BLOCK, kv: str = "f32") -> int:
-    """The largest max_seq in 1..cap whose arena (as plan_arena() plans it) fits `room` bytes; 0 if
-    none does. The arena grows with max_seq (the caches and the scores do; the default block too)."""
+def arena_fits(plan: ArenaPlan, rooms: Sequence[tuple[Sequence[str], int]]) -> bool:
+    """Whether a plan fits memories given as (the arena classes one holds, its bytes): a memory holding
+    every class takes the whole arena, one holding some of them their ranges (each rounded up to ALIGN)."""
+    return all((plan.arena_bytes if set(classes) >= set(fmt.CLASSES)
+                else sum(plan.class_bytes(c) for c in classes)) <= room for classes, room in rooms)
+
+
+def largest_max_seq(spec: ModelSpec, rooms: Sequence[tuple[Sequence[str], int]], cap: int,
+                    block: int | None = None, q8: bool = False, max_block: int = MAX_PREFILL_BLOCK,
+                    kv: str = "f32") -> int:
+    """The largest max_seq in 1..cap whose arena (as plan_arena() plans it) fits the memories `rooms`
+    (arena_fits); 0 if none does. The arena grows with max_seq (the caches and the scores do; the default
+    block too)."""
     def fits(n: int) -> bool:
-        return plan_arena(spec, n, block, q8, max_block, kv).arena_bytes <= room
+        return arena_fits(plan_arena(spec, n, block, q8, max_block, kv), rooms)
 
     if block and block > 1:
         cap = max(cap, block)  # a block longer than max_seq is refused by the plan, not sized

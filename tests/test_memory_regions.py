@@ -128,6 +128,31 @@ def test_a_model_too_big_for_a_region_names_the_region_and_the_class(big_ckpt, t
 # --- target files that place a class where it cannot live ----------------------------------------
 
 
+def test_max_seq_auto_fills_each_memory_its_classes_are_placed_in(big_ckpt, tmp_path):
+    """MAX_SEQ=auto on stm32h7-qspi: the KV cache in SDRAM and the activations and scratch in AXI SRAM each
+    within their own region, and one more position overflows one of them (not: the whole arena within the
+    arena's region, which would leave the 8 MiB SDRAM almost empty). `scons -n`: the choice is made and
+    printed before anything is built."""
+    from colibri.codegen.checkpoint import open_checkpoint
+    from colibri.codegen.plan import plan_arena
+
+    require_target(QSPI)
+    res = scons(f"MODEL={big_ckpt}", f"TARGET={QSPI}", "MAX_SEQ=auto", "-n", build=tmp_path / "b")
+    lines = [line for line in res.stdout.splitlines() if line.startswith(f"MAX_SEQ=auto for {QSPI}: ")]
+    (n,) = {int(re.search(r"max_seq (\d+),", line).group(1)) for line in lines}
+    assert any("SDRAM" in line and "kv_cache" in line for line in lines), lines
+    kv_room, act_room = _region(QSPI, "SDRAM")[1], _region(QSPI, "AXI_SRAM")[1]
+
+    def fits(max_seq: int) -> bool:
+        plan = plan_arena(open_checkpoint(big_ckpt).spec, max_seq, None, True, 32, "f32").to_json()["classes"]
+        return (plan["kv_cache"]["bytes"] <= kv_room
+                and plan["activations"]["bytes"] + plan["scratch"]["bytes"] <= act_room)
+
+    assert fits(n) and not fits(n + 1), n
+    assert n * 2 * BIG["layers"] * BIG["kv_heads"] * (BIG["hidden"] // BIG["heads"]) * 4 > kv_room // 2, (
+        "the KV cache should fill most of the SDRAM")
+
+
 def _edit_qspi(tmp_path: Path, old: str, new: str) -> Path:
     text = (ROOT / "targets" / f"{QSPI}.toml").read_text()
     edited, n = re.subn(old, new, text, flags=re.M)

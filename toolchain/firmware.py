@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from colibri.codegen.format import CLASSES
+
 from .size.audit import Options, audit, over_budget, region_overflow
 from .size.command import report_line
 from .size.regions import KIND_ROLE, MemoryRegion, section_class
@@ -34,7 +36,7 @@ from .targets import ROOT, Target, TargetError
 FW_DIR = ROOT / "firmware_examples"
 TEMPLATE = "firmware.ld.j2"
 PLACEMENT_KEYS = ("vectors", "text", "model", "rodata", "stack", "data", "bss", "arena")
-CLASS_KEYS = ("kv_cache", "activations", "scratch")  # optional; default: the arena's region
+CLASS_KEYS = CLASSES  # the arena's classes of data: optional placement keys; default: the arena's region
 # The region kinds each placement key may name (target_schema.REGION_KINDS). External flash is mapped by
 # the startup, after reset: the vector table stays in internal memory (a QEMU image may boot from RAM).
 # External RAM is set up by the startup too, after .data/.bss and the stack are needed; the weights are
@@ -182,23 +184,25 @@ def firmware_spec(t: Target) -> Firmware:
 DATA_BSS_RESERVE = 8192
 
 
-def arena_room(fw: Firmware) -> tuple[str, int, str]:
-    """(the arena's region, the bytes the arena may take there, how they were found): the region's
-    length in the smaller of the part's and QEMU's maps, less the stack reservation and
-    DATA_BSS_RESERVE where the stack or .data/.bss share the region."""
-    room, why = None, ""
+def arena_rooms(fw: Firmware) -> list[tuple[tuple[str, ...], int, str]]:
+    """Per memory region holding arena classes (kv_cache, activations, scratch), in the part's map and in
+    QEMU's: (the classes placed there, the bytes they may take, how that was found): the region's length
+    less the stack reservation and DATA_BSS_RESERVE where the stack or .data/.bss share the region."""
+    rooms = []
     for v in (fw.part, fw.qemu_variant):
-        region = {r.name: r for r in v.regions}[v.place["arena"]]
-        shared = [k for k in ("stack", "data", "bss") if v.place.get(k) == region.name]
-        left = region.length - (fw.stack_bytes if "stack" in shared else 0) - (
-            DATA_BSS_RESERVE if {"data", "bss"} & set(shared) else 0)
-        if room is None or left < room:
-            room = left
+        held: dict[str, list[str]] = {}
+        for cls in CLASS_KEYS:
+            held.setdefault(v.place[cls], []).append(cls)
+        for name, classes in held.items():
+            region = {r.name: r for r in v.regions}[name]
+            shared = [k for k in ("stack", "data", "bss") if v.place.get(k) == region.name]
+            left = region.length - (fw.stack_bytes if "stack" in shared else 0) - (
+                DATA_BSS_RESERVE if {"data", "bss"} & set(shared) else 0)
             why = (f"{region.name} {region.length:,} B" + (f" less stack {fw.stack_bytes:,} B" if "stack" in shared
                                                             else "")
                    + (f" less .data/.bss {DATA_BSS_RESERVE:,} B" if {"data", "bss"} & set(shared) else ""))
-    assert room is not None
-    return fw.part.place["arena"], room, why
+            rooms.append((tuple(classes), left, why))
+    return rooms
 
 
 def _icount_shift(runner: tuple[str, ...]) -> int | None:

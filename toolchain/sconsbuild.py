@@ -103,24 +103,33 @@ def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
     from colibri.codegen.layout import uses_q8
     from colibri.codegen.plan import largest_max_seq, plan_arena
 
-    from .firmware import arena_room, firmware_spec
+    from .firmware import CLASS_KEYS, arena_rooms, firmware_spec
 
     if t.kind != "firmware":
         _fail(f"MAX_SEQ=auto: target {t.name} is not a firmware target (give MAX_SEQ=<positions>)")
     try:
         spec = open_checkpoint(ckpt).spec
-        region, room, why = arena_room(firmware_spec(t))
+        rooms = arena_rooms(firmware_spec(t))
     except (ExportError, TargetError) as e:
         _fail(str(e))
         raise
     q8 = o["int8_activations"] and uses_q8(spec, o["quant"], o["group_size"])
     block = o["prefill_block"] or None
-    n = largest_max_seq(spec, room, MAX_SEQ_LIMIT, block, q8, o["max_prefill_block"], o["kv"])
+    n = largest_max_seq(spec, [(classes, room) for classes, room, _ in rooms], MAX_SEQ_LIMIT, block, q8,
+                        o["max_prefill_block"], o["kv"])
     if not n:
-        _fail(f"MAX_SEQ=auto: target {t.name}: not even one position's arena fits the {room:,} B left in {why}")
-    arena = plan_arena(spec, n, block, q8, o["max_prefill_block"], o["kv"]).arena_bytes
-    print(f"MAX_SEQ=auto for {t.name}: max_seq {n}, arena {arena:,} B of the {room:,} B left in {why} "
-          f"(KV cache {o['kv']})")
+        _fail(f"MAX_SEQ=auto: target {t.name}: not even one position's arena fits "
+              + "; ".join(f"the {room:,} B left in {why} ({', '.join(c)})" for c, room, why in rooms))
+    plan = plan_arena(spec, n, block, q8, o["max_prefill_block"], o["kv"])
+    seen = set()
+    for classes, room, why in rooms:  # each memory once (the part's map and QEMU's may name the same)
+        if (classes, room) in seen:
+            continue
+        seen.add((classes, room))
+        what = ("arena", plan.arena_bytes) if len(classes) == len(CLASS_KEYS) else (
+            "+".join(classes), sum(plan.class_bytes(c) for c in classes))
+        print(f"MAX_SEQ=auto for {t.name}: max_seq {n}, {what[0]} {what[1]:,} B of the {room:,} B left in {why} "
+              f"(KV cache {o['kv']})")
     return n
 
 
