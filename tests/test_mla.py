@@ -183,7 +183,6 @@ V3_CFG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3
 @pytest.mark.parametrize("cfg, key", [
     ({**V2_CFG, "qk_rope_head_dim": 7}, "qk_rope_head_dim"),  # an odd rope dim
     ({**V3_CFG, "qk_rope_head_dim": 0}, "qk_rope_head_dim"),
-    ({**V2_CFG, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
     ({**V3_CFG, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
     ({**V3_CFG, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
@@ -484,3 +483,42 @@ def test_bad_group_params_return_bad_header(case, mla_ckpts, build_model, tmp_pa
     res = subprocess.run([out / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
     assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
     assert "(status 6)" in res.stderr, res.stderr
+
+
+# DeepSeek's YaRN: the attention factor from mscale / mscale_all_dim on cos and sin, the softmax scale times
+# get_mscale(factor, mscale_all_dim)²; positions past original_max_position_embeddings (32).
+YARN_V3 = dict(_BASE, q_lora_rank=24, n_group=1, topk_group=1, rope_parameters=dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32, mscale=1.0,
+    mscale_all_dim=0.7))
+
+
+@pytest.fixture(scope="module")
+def yarn_v3(tmp_path_factory):
+    return make_hf(tmp_path_factory.mktemp("mla_yarn") / "v3_yarn", "DeepseekV3Config", YARN_V3, seed=31)
+
+
+def test_yarn_reference_matches_transformers(yarn_v3, monkeypatch):
+    import torch
+    import transformers
+
+    from colibri.codegen import rope
+
+    spec = open_checkpoint(yarn_v3).spec
+    assert spec.rope_type == "yarn" and spec.rope_mscale_all_dim == 0.7
+    model = transformers.AutoModelForCausalLM.from_pretrained(yarn_v3, dtype=torch.float32).eval()
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, VOCAB, 40)]
+    with torch.no_grad():
+        want = model(torch.tensor([tokens])).logits[0].numpy().astype(np.float32)
+    assert worst_error(yarn_v3, [(tokens, want)]) <= 1e-5
+    monkeypatch.setattr(rope, "softmax_mscale", lambda s: 1.0)  # the mscale_all_dim factor matters here
+    assert worst_error(yarn_v3, [(tokens, want)]) > 1e-4
+
+
+def test_yarn_host_matches_reference(yarn_v3, build_model):
+    out = build_model(yarn_v3, "f32")
+    want_logits, want_tokens = expectation(yarn_v3, "f32", out)
+    m = load(out / "model.bin")
+    got = m.forward(PROMPT)
+    assert float(np.max(np.abs(got - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+    m.reset()
+    assert m.generate(PROMPT, N_GEN) == want_tokens
