@@ -136,8 +136,8 @@ class Checkpoint:
         if view is not None:
             arr = arr[view.index] if view.index else arr
             arr = np.ascontiguousarray(arr.T if view.transpose else arr)
-            scale *= view.scale
-        if scale != 1.0:
+            scale = scale * view.scale
+        if np.any(scale != 1.0):
             with np.errstate(over="ignore"):
                 arr = (arr * np.float32(scale)).astype(np.float32)
         bad = ~np.isfinite(arr)

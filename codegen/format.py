@@ -201,8 +201,7 @@ FLAGS: tuple[Flag, ...] = (
                        "excludes KV_INT8"),
     Flag("KV_INT8", 15, "the key and value caches hold int8 per head per position with an f32 scale "
                         "(see \"KV cache\"); excludes KV_F16"),
-    # DeepSeek-V2/V3 (bits 20-27; FORMAT.md "MLA"). GROUP_TOPK (runtime=False) the C runtime does not run yet:
-    # it refuses it as an unknown flag, and `colibri export` refuses such a model before writing anything.
+    # DeepSeek-V2/V3 (bits 20-27; FORMAT.md "MLA").
     Flag("MLA", 20, "multi-head latent attention (DeepSeek-V2/V3, see \"MLA\"): KV_A, KV_A_NORM, KV_B (F32) "
                     "instead of WK, WV; head_dim is the rope part of a head; n_kv_heads = n_heads; the caches hold "
                     "the latents and the rope keys; excludes QKV_BIAS, QK_NORM_*, KV_F16, KV_INT8"),
@@ -211,7 +210,7 @@ FLAGS: tuple[Flag, ...] = (
                                "weighted by the score (DeepSeek-V3)"),
     Flag("GROUP_TOPK", 23, "group-limited top-k: the experts in n_group equal groups, top_k chosen within the "
                            "topk_group best groups, a group scored by its best expert (by the sum of its best "
-                           "two with ROUTER_SIGMOID)", runtime=False),
+                           "two with ROUTER_SIGMOID); the N_GROUP and TOPK_GROUP parameters"),
 )
 FLAG = {f.name: f.mask for f in FLAGS}
 FLAGS_KNOWN = sum(f.mask for f in FLAGS if f.runtime)  # what the C runtime accepts
@@ -275,6 +274,11 @@ PARAMS: tuple[Param, ...] = (
           "attention window of the layer in positions (HF `sliding_window`); 0 or no record: full attention"),
     Param("SWIGLU_ALPHA", 2, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's sigmoid gain A (HF `swiglu_alpha`)"),
     Param("SWIGLU_LIMIT", 3, "f32", False, "CLAMPED_SWIGLU", "the clamped SwiGLU's clamp L (HF `swiglu_limit`)"),
+    Param("N_GROUP", 32, "u32", False, "GROUP_TOPK",
+          "the experts' equal groups (HF `n_group`): divides n_experts"),
+    Param("TOPK_GROUP", 33, "u32", False, "GROUP_TOPK",
+          "the groups the top_k are chosen within (HF `topk_group`): 1 <= TOPK_GROUP <= N_GROUP, "
+          "top_k <= TOPK_GROUP·n_experts/N_GROUP"),
 )
 PARAM = {p.name: p for p in PARAMS}
 PARAM_BY_CODE = {p.code: p for p in PARAMS}
@@ -638,6 +642,8 @@ def model_params(spec) -> dict[tuple[str, int], float | int]:  # noqa: ANN001 (a
     out.update({("SLIDING_WINDOW", layer): w for layer, w in enumerate(spec.sliding_window) if w})
     if spec.swiglu_limit:
         out.update({("SWIGLU_ALPHA", 0): spec.swiglu_alpha, ("SWIGLU_LIMIT", 0): spec.swiglu_limit})
+    if spec.group_score != "none":
+        out.update({("N_GROUP", 0): spec.n_group, ("TOPK_GROUP", 0): spec.topk_group})
     return out
 
 

@@ -46,12 +46,14 @@ def _number(cfg: _Config, where: str, v: object, positive: bool = True) -> float
     return float(v)
 
 
+def get_mscale(scale: float, m: float = 1.0) -> float:
+    """transformers' get_mscale / yarn_get_mscale: 0.1·m·ln(scale) + 1, 1 for a scale up to 1."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def yarn_attention_factor(factor: float, mscale: float | None, mscale_all_dim: float | None) -> float:
     """transformers' default YaRN attention factor (0.1·m·ln(factor) + 1, the paper's), as a ratio of the
     two when mscale and mscale_all_dim are both set (DeepSeek)."""
-    def get_mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     if mscale and mscale_all_dim:
         return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
     return get_mscale(factor)
@@ -79,7 +81,8 @@ def _yarn_fields(cfg: _Config, key: str, params: Mapping[str, Any]) -> dict[str,
     if not isinstance(truncate, bool):
         raise cfg.fail(f"{key}.truncate", f"must be true or false, got {truncate!r}")
     return dict(rope_type="yarn", rope_factor=factor, rope_original_max=orig, rope_beta_fast=fast,
-                rope_beta_slow=slow, rope_truncate=truncate, rope_attention_factor=att)
+                rope_beta_slow=slow, rope_truncate=truncate, rope_attention_factor=att,
+                rope_mscale_all_dim=ms["mscale_all_dim"] or 0.0)
 
 
 def rope_fields(cfg: _Config) -> dict[str, Any]:
@@ -172,10 +175,40 @@ def yarn_inv_freq(spec: ModelSpec, pos_freqs: np.ndarray) -> np.ndarray:
     return (interpolation * (F32(1.0) - extra) + extrapolation * extra).astype(F32)
 
 
+def softmax_mscale(spec: ModelSpec) -> float:
+    """DeepSeek-V2/V3's yarn_apply_mscale: their attention's softmax scale is multiplied by
+    get_mscale(factor, mscale_all_dim)² when the rope type is not default and mscale_all_dim is set; 1 else."""
+    if spec.rope_type == "default" or not spec.rope_mscale_all_dim:
+        return 1.0
+    return get_mscale(spec.rope_factor, spec.rope_mscale_all_dim) ** 2
+
+
+def mla_row_scales(spec: ModelSpec, rest: str) -> np.ndarray | None:
+    """DeepSeek's YaRN folded exactly into the MLA projections, per output row (a (rows, 1) column; None
+    when nothing is folded). transformers multiplies cos and sin by the attention factor A (rope.py's
+    yarn_attention_factor) for both q_pe and k_pe, and the scores by softmax_mscale() = S, so a score is
+    S·scale·(q_nope·k_nope + A·q_pe·A·k_pe): every query row (attn.q, attn.q_b) takes S, its rope rows A·S
+    too, and kv_a's rope rows (the shared k_pe, which no norm follows) A. Rotary is linear in its input."""
+    att = spec.rope_attention_factor if spec.rope_type == "yarn" else 1.0
+    s = softmax_mscale(spec)
+    if att == 1.0 and s == 1.0:
+        return None
+    if rest == "attn.kv_a":
+        col = np.concatenate([np.ones(spec.kv_lora_rank), np.full(spec.head_dim, att)])
+    elif rest in ("attn.q", "attn.q_b"):
+        head = np.concatenate([np.full(spec.qk_nope_head_dim, s), np.full(spec.head_dim, att * s)])
+        col = np.tile(head, spec.n_heads)
+    else:
+        return None
+    return col[:, None]
+
+
 def weight_scale(spec: ModelSpec, canonical: str) -> float:
     """The factor folded into a canonical tensor at import for the rope type: YaRN's attention factor on
-    what makes the rotated q and k (transformers multiplies cos and sin by it); 1 for everything else."""
-    if spec.rope_type != "yarn" or spec.rope_attention_factor == 1.0 or not canonical.startswith("layers."):
+    what makes the rotated q and k (transformers multiplies cos and sin by it); 1 for everything else (MLA:
+    only the rope rows of its projections, mla_row_scales(), which the DeepSeek importer's views fold)."""
+    if spec.rope_type != "yarn" or spec.rope_attention_factor == 1.0 or not canonical.startswith("layers.") \
+            or spec.mla:
         return 1.0
     rest = canonical.split(".", 2)[2]
     folded = ("attn.q_norm", "attn.k_norm") if spec.qk_norm != "none" else (

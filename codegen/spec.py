@@ -65,6 +65,7 @@ class ModelSpec:
     rope_beta_slow: float = 1.0
     rope_truncate: bool = True
     rope_attention_factor: float = 1.0
+    rope_mscale_all_dim: float = 0.0  # YaRN's mscale_all_dim (DeepSeek's softmax scale: rope.softmax_mscale)
     # Sliding-window attention (Mistral, gpt-oss's sliding layers): the window of each layer in positions,
     # 0 for full attention; () when no layer has one.
     sliding_window: tuple[int, ...] = ()

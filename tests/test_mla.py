@@ -175,17 +175,6 @@ def test_latent_cache_is_the_formula(mla_ckpts):
     assert r.k_cache[0, 0].size + r.v_cache[0, 0].size == latent // (4 * layers * seq)
 
 
-def test_export_refuses_what_the_runtime_lacks(mla_ckpts, tmp_path):
-    out = tmp_path / "gen"
-    out.mkdir()
-    (out / "keep").write_text("x")
-    p = subprocess.run([sys.executable, "-m", "colibri.toolchain.cli", "export", str(mla_ckpts["v3"]), "-o", str(out)],
-                       capture_output=True, text=True)
-    assert p.returncode == 2 and "Traceback" not in p.stderr  # group-limited top-k: no runtime path yet
-    assert p.stderr.count("\n") == 1 and "config.json" in p.stderr and "GROUP_TOPK" in p.stderr
-    assert sorted(x.name for x in out.iterdir()) == ["keep"]
-
-
 V2_CFG = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", **_BASE, "q_lora_rank": None}
 V3_CFG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **_BASE, "q_lora_rank": 24,
           "n_group": 2, "topk_group": 1}
@@ -194,7 +183,6 @@ V3_CFG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3
 @pytest.mark.parametrize("cfg, key", [
     ({**V2_CFG, "qk_rope_head_dim": 7}, "qk_rope_head_dim"),  # an odd rope dim
     ({**V3_CFG, "qk_rope_head_dim": 0}, "qk_rope_head_dim"),
-    ({**V2_CFG, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
     ({**V3_CFG, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
     ({**V3_CFG, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0, "rope_theta": 1e4}}, "rope_parameters"),
@@ -362,6 +350,21 @@ def test_host_matches_reference(case, quant, c_ckpts, build_model):
     assert float(np.max(np.abs(step - got))) <= 1e-5 * float(np.max(np.abs(got)))
 
 
+@pytest.mark.parametrize("case", ["v2", "v3"])
+def test_host_group_limited_matches_reference(case, mla_ckpts, build_model):
+    """Group-limited top-k in C (GROUP_TOPK with its N_GROUP, TOPK_GROUP parameters): V2's groups by their
+    best softmax score, V3's by the sum of their best two biased sigmoid scores, as the reference."""
+    out = build_model(mla_ckpts[case], "f32")
+    recs = {k: v for k, _, v in blobread.params_records((out / "model.bin").read_bytes())}
+    assert (recs[32], recs[33]) == (2, 1)  # N_GROUP, TOPK_GROUP as config.json says
+    want_logits, want_tokens = expectation(mla_ckpts[case], "f32", out)
+    m = load(out / "model.bin")
+    got = m.forward(PROMPT)
+    assert float(np.max(np.abs(got - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+    m.reset()
+    assert m.generate(PROMPT, N_GEN) == want_tokens, f"{case}: greedy tokens differ"
+
+
 @pytest.mark.parametrize("target", ["rpi4", "riscv64"])
 @pytest.mark.parametrize("case, quant", [("v2_greedy", "f32"), ("v3_flat", "int8c")])
 def test_target_matches_reference(case, quant, target, c_ckpts, build_model):
@@ -373,6 +376,16 @@ def test_target_matches_reference(case, quant, target, c_ckpts, build_model):
     assert tokens == want_tokens, f"{case} {target} {quant}: tokens differ from the reference"
     if quant == "f32":
         assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+
+
+def test_target_group_limited_matches_reference(mla_ckpts, build_model):
+    require_target("rpi4")
+    out = build_model(mla_ckpts["v3"], "f32", "rpi4", only=("colibri_demo",))
+    want_logits, want_tokens = expectation(mla_ckpts["v3"], "f32", out)
+    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
+    tokens, logits = _parse(_run("rpi4", out / "colibri_demo", *args))
+    assert tokens == want_tokens, "v3 rpi4: tokens differ from the reference"
+    assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
 
 
 def test_arena_holds_the_latent_cache(c_ckpts, build_model):
@@ -415,7 +428,7 @@ def _field(name: str, offset: int, delta: int):
 
 
 BAD_MLA = {  # (mutation, status): FORMAT.md "MLA"; 6 BAD_HEADER, 8 BAD_TENSOR
-    "group-limited top-k, unknown to this runtime": (_flag(23), 6),
+    "group-limited top-k without its parameters": (_flag(23), 6),
     "MLA with a 16-bit cache": (_flag(14), 6),
     "MLA with q/k/v biases": (_flag(1), 6),
     "layer 0 kv_b rows not whole heads": (_field("layers.0.attn.kv_b", 8, 1), 8),
@@ -439,3 +452,73 @@ def test_bad_mla_blob_returns_its_code(case, c_ckpts, build_model, tmp_path):
     res = subprocess.run([out / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
     assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
     assert f"(status {status})" in res.stderr, res.stderr
+
+
+def _param(key: int, value: int):
+    """Sets the value of the blob's parameter record of `key` (FORMAT.md "Parameters")."""
+    def mutate(b: bytearray) -> bytearray:
+        e = blobread.entries(bytes(b))[-2 if blobread.header(bytes(b))["flags"] & blobread.TOKENIZER_FLAG else -1]
+        at = next(e["data_off"] + 8 * i for i, r in enumerate(blobread.params_records(bytes(b))) if r[0] == key)
+        struct.pack_into("<I", b, at + 4, value)
+        return b
+    return mutate
+
+
+BAD_GROUPS = {  # the v3 fixture: 8 experts, top_k 2, N_GROUP (32) 2, TOPK_GROUP (33) 1; all BAD_HEADER (6)
+    "N_GROUP 0": _param(32, 0),
+    "N_GROUP 3 not dividing 8 experts": _param(32, 3),
+    "N_GROUP 8: one group of one expert holds fewer than top_k": _param(32, 8),
+    "TOPK_GROUP 0": _param(33, 0),
+    "TOPK_GROUP 3 above N_GROUP": _param(33, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GROUPS))
+def test_bad_group_params_return_bad_header(case, mla_ckpts, build_model, tmp_path):
+    out = build_model(mla_ckpts["v3"], "f32")
+    bad = BAD_GROUPS[case](bytearray((out / "model.bin").read_bytes()))
+    struct.pack_into("<I", bad, 8, zlib.crc32(bytes(bad[12:])))
+    blob = tmp_path / "bad.bin"
+    blob.write_bytes(bytes(bad))
+    res = subprocess.run([out / "colibri_run", blob, "--generate", "2"], capture_output=True, text=True)
+    assert res.returncode == 3, f"exit {res.returncode}: {res.stderr}"
+    assert "(status 6)" in res.stderr, res.stderr
+
+
+# DeepSeek's YaRN: the attention factor from mscale / mscale_all_dim on cos and sin, the softmax scale times
+# get_mscale(factor, mscale_all_dim)²; positions past original_max_position_embeddings (32).
+YARN_V3 = dict(_BASE, q_lora_rank=24, n_group=1, topk_group=1, rope_parameters=dict(
+    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32, mscale=1.0,
+    mscale_all_dim=0.7))
+
+
+@pytest.fixture(scope="module")
+def yarn_v3(tmp_path_factory):
+    return make_hf(tmp_path_factory.mktemp("mla_yarn") / "v3_yarn", "DeepseekV3Config", YARN_V3, seed=31)
+
+
+def test_yarn_reference_matches_transformers(yarn_v3, monkeypatch):
+    import torch
+    import transformers
+
+    from colibri.codegen import rope
+
+    spec = open_checkpoint(yarn_v3).spec
+    assert spec.rope_type == "yarn" and spec.rope_mscale_all_dim == 0.7
+    model = transformers.AutoModelForCausalLM.from_pretrained(yarn_v3, dtype=torch.float32).eval()
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, VOCAB, 40)]
+    with torch.no_grad():
+        want = model(torch.tensor([tokens])).logits[0].numpy().astype(np.float32)
+    assert worst_error(yarn_v3, [(tokens, want)]) <= 1e-5
+    monkeypatch.setattr(rope, "softmax_mscale", lambda s: 1.0)  # the mscale_all_dim factor matters here
+    assert worst_error(yarn_v3, [(tokens, want)]) > 1e-4
+
+
+def test_yarn_host_matches_reference(yarn_v3, build_model):
+    out = build_model(yarn_v3, "f32")
+    want_logits, want_tokens = expectation(yarn_v3, "f32", out)
+    m = load(out / "model.bin")
+    got = m.forward(PROMPT)
+    assert float(np.max(np.abs(got - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+    m.reset()
+    assert m.generate(PROMPT, N_GEN) == want_tokens

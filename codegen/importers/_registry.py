@@ -20,7 +20,7 @@ class View:
     source: str
     shape: tuple[int, ...]
     index: tuple[Any, ...] = ()
-    scale: float = 1.0
+    scale: Any = 1.0  # a float, or a (rows, 1) float array: one factor per row of the canonical tensor
     transpose: bool = False  # the selected 2-D block is stored (in, out): the canonical tensor is its transpose
 
 

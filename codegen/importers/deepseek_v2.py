@@ -11,8 +11,10 @@ As transformers 5's modeling_deepseek_v2.py / modeling_deepseek_v3.py define the
 - Rope: V2 rotates interleaved pairs (x0, x1), (x2, x3), ... (complex multiplication); V3 too when
   `rope_interleave` is true (its default), else rotate_half. The importer permutes the rope rows of the
   query projection and of kv_a_proj_with_mqa into rotate_half order (evens, then odds): q·k is the same sum,
-  so the reference and the runtime rotate as for every other family. Only `rope_type` default is
-  implemented (yarn and the rest refused naming the key); `partial_rotary_factor` other than 1 refused.
+  so the reference and the runtime rotate as for every other family. `rope_type` default or yarn (with
+  `mscale`, `mscale_all_dim`: codegen/rope.py's frequencies, and its factors folded into the query and kv_a
+  rows by the views, rope.mla_row_scales); the rest refused naming the key; `partial_rotary_factor` other
+  than 1 refused.
 - Routing. V2: softmax scores; `topk_method` greedy (top-k) or group_limited_greedy (the top-k within the
   `topk_group` best of `n_group` groups, a group scored by its best expert); weights the chosen scores, never
   renormalised (transformers' V2 router does not read `norm_topk_prob`: true is refused), times
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..rope import mla_row_scales
 from ..spec import ModelSpec, canonical_names, canonical_shape
 from . import _hf
 from ._registry import Importer, View, register
@@ -103,10 +106,11 @@ def _mla_fields(cfg: _hf._Config) -> dict[str, Any]:
     if q_lora is not None:
         q_lora = cfg.positive_int("q_lora_rank")
     rope = rope_fields(cfg)
-    if rope.get("rope_type", "default") != "default":
+    if rope.get("rope_type", "default") not in ("default", "yarn"):
         key = "rope_parameters" if cfg.data.get("rope_parameters") is not None else "rope_scaling"
-        raise cfg.fail(key, f"rope_type {rope['rope_type']!r} is not supported for DeepSeek (only 'default')")
-    return dict(
+        raise cfg.fail(key, f"rope_type {rope['rope_type']!r} is not supported for DeepSeek (only 'default', "
+                            "'yarn')")
+    return dict(**{k: v for k, v in rope.items() if k != "rope_theta"},
         vocab=cfg.positive_int("vocab_size"), hidden=hidden, n_layers=cfg.positive_int("num_hidden_layers"),
         n_heads=n_heads, n_kv_heads=n_heads, head_dim=rope_dim,
         rms_eps=cfg.positive_float("rms_norm_eps", cfg.get("rms_norm_eps")),
@@ -218,18 +222,20 @@ def _interleaved(spec: ModelSpec, config: Mapping[str, Any]) -> bool:
 
 def view(spec: ModelSpec, config: Mapping[str, Any], canonical: str) -> View:
     """Every tensor as it is on disk; the rope rows of the query projection and of kv_a permuted when the
-    family rotates interleaved pairs."""
+    family rotates interleaved pairs; YaRN's factors folded into their rows (rope.mla_row_scales)."""
     shape = canonical_shape(spec, canonical)
     src, rest = source_name(canonical), canonical.split(".", 2)[-1]
+    scale = mla_row_scales(spec, rest) if canonical.startswith("layers.") else None
+    scale = 1.0 if scale is None else scale
     if not _interleaved(spec, config) or rest not in ("attn.q", "attn.q_b", "attn.kv_a"):
-        return View(src, shape)
+        return View(src, shape, scale=scale)
     perm = rope_permutation(spec.head_dim)
     if rest == "attn.kv_a":
         rows = np.concatenate([np.arange(spec.kv_lora_rank), spec.kv_lora_rank + perm])
     else:
         qk, nope = spec.qk_head_dim, spec.qk_nope_head_dim
         rows = np.concatenate([h * qk + np.concatenate([np.arange(nope), nope + perm]) for h in range(spec.n_heads)])
-    return View(src, shape, (rows,))
+    return View(src, shape, (rows,), scale=scale)
 
 
 IMPORTERS = (

@@ -244,6 +244,12 @@ static colibri_status cb_check_params(cb_check *v)
         if (defs[d].required && (m->flags & defs[d].flag) && !seen[d])
             return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: a flag without a key it requires */
     m->n_params = n;
+    if (m->flags & CB_FLAG_GROUP_TOPK) { /* FORMAT.md "Parameters" N_GROUP, TOPK_GROUP */
+        uint32_t groups = cb_param_u32(v->b, m, CB_PARAM_N_GROUP, 0), top = cb_param_u32(v->b, m, CB_PARAM_TOPK_GROUP, 0);
+        if (!groups || m->n_experts % groups || !top || top > groups
+            || m->top_k > (uint64_t)top * (m->n_experts / groups))
+            return CB_BAD(COLIBRI_E_BAD_HEADER); /* params: groups not dividing the experts, or holding < top_k */
+    }
     return COLIBRI_OK;
 }
 

@@ -103,7 +103,7 @@
 #define CB_FLAG_Q_LORA (1u << 21)
 #define CB_FLAG_ROUTER_SIGMOID (1u << 22)
 #define CB_FLAG_GROUP_TOPK (1u << 23)
-#define CB_FLAGS_KNOWN 0x73FFFFu
+#define CB_FLAGS_KNOWN 0xF3FFFFu
 #define CB_FLAG_QK_NORM (CB_FLAG_QK_NORM_HEAD | CB_FLAG_QK_NORM_FULL)
 #define CB_FLAG_KV (CB_FLAG_KV_F16 | CB_FLAG_KV_INT8)
 #define CB_KV_SCALE_BYTES 4u /* the f32 scale of one head's int8 KV row */
@@ -128,14 +128,16 @@
 #define CB_PARAM_SLIDING_WINDOW 1u /* u32, per layer */
 #define CB_PARAM_SWIGLU_ALPHA 2u /* f32, global */
 #define CB_PARAM_SWIGLU_LIMIT 3u /* f32, global */
-#define CB_PARAM_FLAGS 0x20800u /* flags whose feature reads parameters */
+#define CB_PARAM_N_GROUP 32u /* u32, global */
+#define CB_PARAM_TOPK_GROUP 33u /* u32, global */
+#define CB_PARAM_FLAGS 0x820800u /* flags whose feature reads parameters */
 typedef struct cb_param_def {
     uint16_t key;
     uint8_t type, per_layer, required; /* required: its flag needs at least one record of it */
     uint32_t flag;
 } cb_param_def;
 /* every key this runtime knows, then a key-0 end mark */
-#define CB_PARAM_DEFS { {1u, CB_PARAM_U32, 1u, 1u, CB_FLAG_SLIDING_WINDOW}, {2u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {3u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {0u, 0u, 0u, 0u, 0u} }
+#define CB_PARAM_DEFS { {1u, CB_PARAM_U32, 1u, 1u, CB_FLAG_SLIDING_WINDOW}, {2u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {3u, CB_PARAM_F32, 0u, 1u, CB_FLAG_CLAMPED_SWIGLU}, {32u, CB_PARAM_U32, 0u, 1u, CB_FLAG_GROUP_TOPK}, {33u, CB_PARAM_U32, 0u, 1u, CB_FLAG_GROUP_TOPK}, {0u, 0u, 0u, 0u, 0u} }
 
 /* tensor kinds */
 enum cb_kind {

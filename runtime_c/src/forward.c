@@ -394,18 +394,94 @@ static int cb_chosen(const size_t *chosen, size_t n, size_t e)
  * expert's weight and CB_NOT_CHOSEN for every other expert (never a weight: probabilities are
  * >= 0 or NaN, routed_scale > 0). */
 #define CB_NOT_CHOSEN (-FLT_MAX)
-static void cb_route(const colibri_ctx *c, float *probs)
+
+/* Group-limited top-k (CB_FLAG_GROUP_TOPK): the N_GROUP and TOPK_GROUP parameters, read once per MoE layer
+ * and block; n_group 0 without the flag. */
+typedef struct {
+    size_t n_group, topk_group;
+} cb_groups;
+
+/* The choosing score of expert e: its score, plus its CHOICE_BIAS with sigmoid scoring (bias not NULL). */
+static float cb_choice(const float *probs, const float *bias, size_t e)
+{
+    return bias ? probs[e] + bias[e] : probs[e];
+}
+
+/* The score of group g (experts g*size ...): its best choosing score, or with `top2` the sum of its best
+ * two (reference.py group_scores); NaN if any of them is NaN. */
+static float cb_group_score(const float *probs, const float *bias, size_t g, size_t size, int top2)
+{
+    float a = 0.0f, b = 0.0f; /* the best and second best of the first `seen` (at most 2) */
+    size_t seen = 0;
+    for (size_t e = g * size; e < (g + 1) * size; e++) {
+        float x = cb_choice(probs, bias, e);
+        if (x != x)
+            return x;
+        if (!seen || x > a) {
+            b = a;
+            a = x;
+        } else if (seen == 1 || x > b) {
+            b = x;
+        }
+        seen++;
+    }
+    return top2 && seen > 1 ? b + a : a;
+}
+
+/* Whether group (s, g) ranks before group (t, h): the higher score, ties to the lower index, NaN last
+ * (the order of numpy's stable argsort of the negated scores). */
+static int cb_group_before(float s, size_t g, float t, size_t h)
+{
+    if (s != s)
+        return t != t && g < h;
+    return t != t || s > t || (s == t && g < h);
+}
+
+/* Masks (CB_NOT_CHOSEN) the experts outside the topk_group best groups, as reference.py route_grouped.
+ * With no room for a score per group, it finds the topk_group-th best group (the cut) by topk_group passes,
+ * each taking the best group ranked after the previous one, then masks every group ranked after the cut:
+ * topk_group·n_experts choosing scores read, no state but the cut. The caller then chooses among the
+ * unmasked experts only (at least top_k of them: cb_validate checks top_k <= topk_group·group size). */
+static void cb_limit_groups(const colibri_ctx *c, float *probs, const float *bias, const cb_groups *gr)
+{
+    const size_t size = CB_N_EXPERTS(c) / gr->n_group;
+    const int top2 = bias != NULL;
+    float cut_s = 0.0f;
+    size_t cut_g = gr->n_group;
+    for (size_t k = 0; k < gr->topk_group; k++) {
+        float best_s = 0.0f;
+        size_t best_g = gr->n_group;
+        for (size_t g = 0; g < gr->n_group; g++) {
+            float s = cb_group_score(probs, bias, g, size, top2);
+            if ((cut_g == gr->n_group || cb_group_before(cut_s, cut_g, s, g))
+                && (best_g == gr->n_group || cb_group_before(s, g, best_s, best_g))) {
+                best_s = s;
+                best_g = g;
+            }
+        }
+        cut_s = best_s;
+        cut_g = best_g;
+    }
+    for (size_t g = 0; g < gr->n_group; g++)
+        if (cb_group_before(cut_s, cut_g, cb_group_score(probs, bias, g, size, top2), g))
+            for (size_t e = g * size; e < (g + 1) * size; e++)
+                probs[e] = CB_NOT_CHOSEN;
+}
+
+static void cb_route(const colibri_ctx *c, float *probs, const cb_groups *gr)
 {
     const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c);
     const uint32_t flags = CB_FLAGS(c);
     size_t chosen[CB_MAX_TOP_K];
     float weight[CB_MAX_TOP_K], sum = 0.0f;
     cb_softmax(probs, n_exp);
+    if (gr->n_group)
+        cb_limit_groups(c, probs, NULL, gr);
     /* top_k by probability, ties to the lower index; NaNs still yield k distinct experts */
     for (size_t k = 0; k < top_k; k++) {
         size_t best = n_exp;
         for (size_t e = 0; e < n_exp; e++)
-            if (!cb_chosen(chosen, k, e) && (best == n_exp || probs[e] > probs[best]))
+            if (probs[e] != CB_NOT_CHOSEN && !cb_chosen(chosen, k, e) && (best == n_exp || probs[e] > probs[best]))
                 best = e;
         chosen[k] = best;
         weight[k] = probs[best];
@@ -425,7 +501,7 @@ static void cb_route(const colibri_ctx *c, float *probs)
  * sigmoid(logit); the top_k chosen by score + bias (CHOICE_BIAS, HF e_score_correction_bias), ties to the
  * lower index; weights their unbiased scores, divided by their sum + 1e-20 unless TOPK_NO_NORM, times
  * routed_scale. */
-static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bias)
+static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bias, const cb_groups *gr)
 {
     const size_t n_exp = CB_N_EXPERTS(c), top_k = CB_TOP_K(c);
     const uint32_t flags = CB_FLAGS(c);
@@ -433,10 +509,13 @@ static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bi
     float weight[CB_MAX_TOP_K], sum = 0.0f;
     for (size_t e = 0; e < n_exp; e++)
         probs[e] = 1.0f / (1.0f + cb_expf(-probs[e]));
+    if (gr->n_group)
+        cb_limit_groups(c, probs, bias, gr);
     for (size_t k = 0; k < top_k; k++) {
         size_t best = n_exp;
         for (size_t e = 0; e < n_exp; e++)
-            if (!cb_chosen(chosen, k, e) && (best == n_exp || probs[e] + bias[e] > probs[best] + bias[best]))
+            if (probs[e] != CB_NOT_CHOSEN && !cb_chosen(chosen, k, e)
+                && (best == n_exp || probs[e] + bias[e] > probs[best] + bias[best]))
                 best = e;
         chosen[k] = best;
         weight[k] = probs[best];
@@ -480,11 +559,16 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
         memcpy(&extra.limit, &lim, sizeof lim);
         extra.clamp = 1;
     }
+    cb_groups gr = {0, 0};
+    if (flags & CB_FLAG_GROUP_TOPK) { /* likewise */
+        gr.n_group = cb_param_u32(c->blob, &c->m, CB_PARAM_N_GROUP, 0);
+        gr.topk_group = cb_param_u32(c->blob, &c->m, CB_PARAM_TOPK_GROUP, 0);
+    }
     for (size_t j = 0; j < n; j++)
         if (flags & CB_FLAG_ROUTER_SIGMOID)
-            cb_route_sigmoid(c, p_rows[j], cb_vector(c, base + s->choice_bias));
+            cb_route_sigmoid(c, p_rows[j], cb_vector(c, base + s->choice_bias), &gr);
         else
-            cb_route(c, p_rows[j]);
+            cb_route(c, p_rows[j], &gr);
 
     for (size_t e = 0; e < n_exp; e++) { /* 8: the routed experts */
         size_t m = 0;
