@@ -195,9 +195,12 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     # 12,445 B with the blob schema's bound checks and the per-check CB_BAD sites; the int4 dispatch and
     # the f16/int8 KV cache paths took the runtime alone to 12,856 B, linked even into an int8c/f32-KV image
     # (to win back: a specialised build could drop them). The arena across memories (colibri_init_regions, its
-    # class ranges and checks, which model.c calls in place of colibri_init) adds about 500 B. Past 14.5 KiB it
-    # has grown by more than that.
-    assert code < 14.5 * 1024, "runtime + startup over 14.5 KiB at -Os"
+    # class ranges and checks, which model.c calls in place of colibri_init) adds about 500 B, to 14,594 B.
+    # The parameters section, sliding windows, gpt-oss's sinks/biases/clamped SwiGLU and DeepSeek's MLA and
+    # group-limited routing (their blob checks and forward paths, linked even into this plain-MoE image: a
+    # specialised build could drop what its model's flags exclude) took it to 18,138 B. Past 18.5 KiB it has
+    # grown by more than that.
+    assert code < 18.5 * 1024, "runtime + startup over 18.5 KiB at -Os"
     assert flash["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
     assert audit["budget"]["flash"]["ok"] and audit["budget"]["ram"]["ok"]
     assert audit["budget"]["flash"]["limit"] == 2097152 and audit["budget"]["ram"]["limit"] == 1048576
