@@ -74,20 +74,66 @@ CB_OUTL_INLINE void cb_outl_add(size_t n, const float *const *x, float *dot, siz
 }
 
 /* The corrections of rows [r, r + nr) (a tile's), o at the first of them: for each, in index order, and each token
- * j < n (n >= 1), dot[j * ld + i] += oval * x[j][col] (i = row - r). Returns the walk past row r + nr - 1. The
- * row of a correction comes from a multiplication, not a loop: (local + 0.5) / cols lies at least
- * 0.5 / cols from an integer, far more than a double's rounding of a product below 2^40. */
+ * j < n (n >= 1), dot[j * ld + i] += oval * x[j][col] (i = row - r). Returns the walk past row r + nr - 1.
+ * Row by row: a row's corrections are found by comparing with the row's end (the walk is sorted), and each
+ * token's sum stays in a register while that row's corrections are added to it, in index order, so
+ * every (row, token) sees the operations of the definition in its order. */
 CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, size_t nr, size_t n,
                                      const float *const *x, float *dot, size_t ld)
 {
-    const size_t cols = t->cols;
-    const uint64_t first = (uint64_t)r * cols, end = first + nr * cols;
-    const double inv_cols = 1.0 / (double)cols;
-    for (; cb_outl_before(t, o, end); o = cb_outl_step(t, o)) {
-        size_t local = (size_t)(o.idx - first), i = (size_t)(((double)local + 0.5) * inv_cols);
-        cb_outl_add(n, x, dot, ld, i, local - i * cols, cb_f16_to_f32(t->oval[o.k]));
+    const size_t cols = t->cols, count = t->n_outliers;
+    const uint16_t *gap = t->ogap, *val = t->oval;
+    const uint64_t end = (uint64_t)(r + nr) * cols;
+    uint64_t first = (uint64_t)r * cols;
+    for (size_t i = 0; o.k < count && o.idx < end; i++, first += cols) {
+        if (o.idx >= first + cols) /* no correction in row i */
+            continue;
+        const uint64_t row_end = first + cols;
+        cb_outl next = o;
+        for (size_t j = 0; j < n; j++) {
+            const float *xj = x[j];
+            float acc = dot[j * ld + i];
+            size_t k = o.k;
+            uint64_t idx = o.idx;
+            for (;;) {
+                acc = acc + cb_f16_to_f32(val[k]) * xj[idx - first];
+                if (++k >= count)
+                    break;
+                idx += gap[k];
+                if (idx >= row_end)
+                    break;
+            }
+            dot[j * ld + i] = acc;
+            next.k = k;
+            next.idx = idx;
+        }
+        o = next;
     }
     return o;
+}
+
+/* One token's corrections of a tile applied a few at a time inside the next tile's pass (the decode path,
+ * kernels_q8.c): while the weights stream, the core has time for them. The tile's sums in dot (dot[i]: row
+ * first / cols + i), the walk at its next correction, the flat end of its rows. Each correction is added as
+ * cb_outl_apply adds it and in the same order; the row comes from a multiplication (see cb_outl_apply's
+ * definition in the tests: (local + 0.5) / cols lies at least 0.5 / cols from an integer). */
+typedef struct cb_outl_pend {
+    cb_outl o;
+    uint64_t first, end;
+    double inv_cols;
+    const float *x;
+    float *dot;
+} cb_outl_pend;
+
+/* At most max of the pending corrections. */
+CB_OUTL_INLINE void cb_outl_pend_run(const cb_tensor *t, cb_outl_pend *p, unsigned max)
+{
+    cb_outl o = p->o;
+    for (unsigned s = 0; s < max && cb_outl_before(t, o, p->end); s++, o = cb_outl_step(t, o)) {
+        const int64_t local = (int64_t)(o.idx - p->first), i = (int64_t)(((double)local + 0.5) * p->inv_cols);
+        p->dot[i] = p->dot[i] + cb_f16_to_f32(t->oval[o.k]) * p->x[local - i * (int64_t)t->cols];
+    }
+    p->o = o;
 }
 
 /* y[r] = (accumulate ? y[r] : 0) + alpha * (dot + row r's corrections times x), the walk o at row r's

@@ -78,13 +78,10 @@ void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
 
 #define CB_MAX_TOKENS 32 /* tokens whose dots one pass over a tile keeps (a prefill block's) */
 
-/* The corrections of the nr rows r.. of a tile, added to every token's dots (dot[j][i]: token j, row r + i)
- * in index order, then alpha: per (row, token) the operations and order of cb_finish. The walk decodes each
- * correction once for all the tokens. Returns the walk past the tile. */
-static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr, size_t n, const float *const *x,
-                              float (*dot)[CB_TILE_ROWS], const float *alpha, float *const *y, int accumulate)
+/* y[j][r + i] = (accumulate ? y[j][r + i] : 0) + alpha[j] * dot[j][i] for the nr rows of a tile */
+static void cb_tile_write(size_t r, size_t nr, size_t n, float (*dot)[CB_TILE_ROWS], const float *alpha,
+                          float *const *y, int accumulate)
 {
-    o = cb_outl_apply(t, o, r, nr, n, x, &dot[0][0], CB_TILE_ROWS);
     for (size_t j = 0; j < n; j++) { /* a whole tile's rows as a fixed-length loop: vector code */
         float *restrict yj = y[j] + r;
         const float a = alpha[j], *d = dot[j];
@@ -98,8 +95,48 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
             for (size_t i = 0; i < nr; i++)
                 yj[i] = accumulate ? yj[i] + a * d[i] : a * d[i];
     }
+}
+
+/* The corrections of the nr rows r.. of a tile, added to every token's dots (dot[j][i]: token j, row r + i)
+ * in index order, then alpha: per (row, token) the operations and order of cb_finish. The walk decodes each
+ * correction once for all the tokens. Returns the walk past the tile. */
+static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr, size_t n, const float *const *x,
+                              float (*dot)[CB_TILE_ROWS], const float *alpha, float *const *y, int accumulate)
+{
+    o = cb_outl_apply(t, o, r, nr, n, x, &dot[0][0], CB_TILE_ROWS);
+    cb_tile_write(r, nr, n, dot, alpha, y, accumulate);
     return o;
 }
+
+#if defined(CB_HAS_Q8_PEND)
+/* One token (decode) over a matrix with corrections: each tile's corrections are added during the next
+ * tile's pass (cb_outl_pend, a few per block), the rest after it, then the tile is written. The same
+ * operations in the same order as cb_tile_finish. */
+static void cb_matmul_q8_pend(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq, const float *const *x,
+                              float *const *y, const float *alpha, int accumulate)
+{
+    float dot[2][1][CB_TILE_ROWS];
+    cb_outl_pend p = {cb_outl_seek(t, (uint64_t)r0 * t->cols), 0, 0, 1.0 / (double)t->cols, x[0], dot[0][0]};
+    size_t prev = r1, prev_nr = 0, b = 0;
+    for (size_t r = r0; r < r1; r += CB_TILE_ROWS, b ^= 1) {
+        size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
+        cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, xq, &p), dot[b][0]);
+        if (prev != r1) {
+            cb_outl_pend_run(t, &p, UINT32_MAX);
+            cb_tile_write(prev, prev_nr, 1, dot[b ^ 1], alpha, y, accumulate);
+        }
+        p.first = (uint64_t)r * t->cols;
+        p.end = p.first + (uint64_t)nr * t->cols;
+        p.dot = dot[b][0];
+        prev = r;
+        prev_nr = nr;
+    }
+    if (prev != r1) {
+        cb_outl_pend_run(t, &p, UINT32_MAX);
+        cb_tile_write(prev, prev_nr, 1, dot[b ^ 1], alpha, y, accumulate);
+    }
+}
+#endif
 
 static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
@@ -108,6 +145,12 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
         cb_matmul_q8_scalar(t, r0, r1, n, xq, x, y, alpha, accumulate);
         return;
     }
+#if defined(CB_HAS_Q8_PEND)
+    if (n == 1 && t->n_outliers) {
+        cb_matmul_q8_pend(t, r0, r1, xq, x, y, alpha, accumulate);
+        return;
+    }
+#endif
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
     float dot[CB_MAX_TOKENS][CB_TILE_ROWS];
     for (size_t r = r0; r < r1; r += CB_TILE_ROWS) { /* r0 is a tile's first row */
@@ -120,7 +163,7 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
                 cb_tile_dot4(t, r / CB_TILE_ROWS, &xq[j0 + j], &dot[j]);
 #endif
             for (; j < m; j++)
-                cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j]), dot[j]);
+                cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j], NULL), dot[j]);
             cb_outl next = cb_tile_finish(t, o, r, nr, m, x + j0, dot, alpha + j0, y + j0, accumulate);
             if (j0 + m >= n)
                 o = next;

@@ -203,8 +203,9 @@ static inline float32x4_t cb_step(float32x4_t acc, int32x4_t isum, float32x4_t d
     return vaddq_f32(acc, vmulq_f32(vmulq_f32(vcvtq_f32_s32(isum), d), sc));
 }
 
-static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
+static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq, cb_outl_pend *p)
 {
+    (void)p; /* no CB_HAS_Q8_PEND */
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
     const float32x4_t zero = vdupq_n_f32(0.0f);
