@@ -17,7 +17,9 @@ take is reported as such, with the converter's last line). colibri and llama-ben
 round; medians and spreads over --rounds; the CPU and the load average before and after are printed: a
 figure taken while anything else runs on the machine is not a figure.
 
-Each family's files (~2 GB with the GGUFs) are deleted after its row unless --keep.
+Each family's files (~2 GB with the GGUFs) are deleted after its row unless --keep. --prepare makes and
+keeps every family's files (checkpoint, export, host build, GGUF) and times nothing, so that it can run
+while the machine is busy; a later run with --llamacpp reuses what a --prepare run left and only times.
 """
 
 from __future__ import annotations
@@ -123,7 +125,10 @@ def main() -> int:
     ap.add_argument("--peer", default=os.environ.get("PEER", "/tmp/peer"))
     ap.add_argument("--work", default=str(ROOT / "build" / "families"))
     ap.add_argument("--keep", action="store_true", help="keep each family's checkpoint, export and GGUF")
+    ap.add_argument("--prepare", action="store_true",
+                    help="make and keep every family's files (with --llamacpp, the GGUF too); time nothing")
     a = ap.parse_args()
+    a.keep = a.keep or a.prepare
     archs = [x for x in a.arch.split(",") if x]
     if bad := [x for x in archs if x not in ARCHES]:
         ap.error(f"unknown family {', '.join(bad)} (known: {', '.join(ARCHES)})")
@@ -137,14 +142,24 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for arch in archs:
         fam = work / arch
-        shutil.rmtree(fam, ignore_errors=True)
         shape = DENSE_SHAPE if arch in DENSE_ARCHES else MOE_SHAPE
-        ckpt = synth_checkpoint(fam / f"fam300m_{arch.replace('-', '_')}", arch=arch, seed=7, dtype="bf16", **shape)
-        arena = export(ckpt, fam / "export")
+        ckpt = fam / f"fam300m_{arch.replace('-', '_')}"
+        done = fam / "prepared"  # what --prepare left: checkpoint, export and the export's arena line
+        if done.is_file():
+            arena = done.read_text().strip()
+        else:
+            shutil.rmtree(fam, ignore_errors=True)
+            synth_checkpoint(ckpt, arch=arch, seed=7, dtype="bf16", **shape)
+            arena = export(ckpt, fam / "export")
         blob = fam / "export" / "model.bin"
         total, active = weights(blob)
         row = [arch, f"{total / 1e6:,.1f} M", f"{active / 1e6:,.1f} M", f"{blob.stat().st_size:,} B", arena]
-        if a.no_speed:
+        if a.prepare:
+            build_demo(fam, ckpt)
+            gguf, why = gguf_of(ckpt, ckpt.name, peer) if a.llamacpp else (None, "")
+            done.write_text(arena + "\n")
+            row += ["prepared", str(gguf) if gguf else why, ""]
+        elif a.no_speed:
             row += ["", "", ""]
         else:
             demo = build_demo(fam, ckpt)
