@@ -70,65 +70,109 @@ static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, siz
     return xq;
 }
 
-#ifndef COLIBRI_NO_PARALLEL
-/* One matmul as tasks of the caller's parallel_for: task i takes rows [i*rows/n, (i+1)*rows/n),
- * rounded to whole 4-row blocks. cb_matmul computes every row the same way whatever its range,
- * so the result does not depend on the split. */
-typedef struct cb_mm_job {
-    const cb_tensor *t;
-    size_t n, n_tasks;
-    const cb_xq *xq; /* q8 tensors: the tokens' int8 activations */
-    int scalar;      /* float matrices of a blob with integer matmuls: the scalar kernel (see cb_mm) */
+/* One matmul of a group: y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the group's n tokens. */
+typedef struct cb_mm_part {
+    cb_tensor t;
     const float *const *x;
+    const cb_xq *xq; /* q8 tensors: the tokens' int8 activations */
     float *const *y;
     const float *alpha;
     int accumulate;
+} cb_mm_part;
+
+#define CB_MM_GROUP 3 /* matmuls one parallel region may hold (q, k, v) */
+
+typedef struct cb_mm_job {
+    cb_mm_part p[CB_MM_GROUP];
+    size_t parts, n, n_tasks, units; /* units: the parts' rows in whole tiles (4 rows for float), summed */
+    int scalar; /* float matrices of a blob with integer matmuls: the scalar kernel (see cb_mm) */
 } cb_mm_job;
 
-static size_t cb_mm_row(const cb_mm_job *j, size_t i)
+static size_t cb_mm_unit(const cb_tensor *t)
 {
-    size_t rows = j->t->rows, unit = j->t->q8 ? CB_TILE16_ROWS : 4;
-    return i >= j->n_tasks ? rows : (size_t)((uint64_t)rows * i / j->n_tasks) / unit * unit;
+    return t->q8 ? CB_TILE16_ROWS : 4;
 }
 
+/* Rows [r0, r1) of one part: the kernel computes every row the same way whatever its range. */
+static void cb_mm_rows(const cb_mm_job *j, const cb_mm_part *p, size_t r0, size_t r1)
+{
+    if (r0 >= r1)
+        return;
+    if (p->xq)
+        cb_matmul_q8(&p->t, r0, r1, j->n, p->xq, p->x, p->y, p->alpha, p->accumulate);
+    else if (j->scalar) /* the router: scalar, so a q8 blob's forward pass is the same bits everywhere */
+        cb_matmul_scalar(&p->t, r0, r1, j->n, p->x, p->y, p->alpha, p->accumulate);
+    else
+        cb_matmul(&p->t, r0, r1, j->n, p->x, p->y, p->alpha, p->accumulate);
+}
+
+#ifndef COLIBRI_NO_PARALLEL
+/* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
+ * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
+ * result does not depend on the split. */
 static void cb_mm_task(void *job, size_t i)
 {
     const cb_mm_job *j = (const cb_mm_job *)job;
-    size_t r0 = cb_mm_row(j, i), r1 = cb_mm_row(j, i + 1);
-    if (r0 < r1 && j->xq)
-        cb_matmul_q8(j->t, r0, r1, j->n, j->xq, j->x, j->y, j->alpha, j->accumulate);
-    else if (r0 < r1 && j->scalar)
-        cb_matmul_scalar(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
-    else if (r0 < r1)
-        cb_matmul(j->t, r0, r1, j->n, j->x, j->y, j->alpha, j->accumulate);
+    size_t u0 = (size_t)((uint64_t)j->units * i / j->n_tasks), u1 = (size_t)((uint64_t)j->units * (i + 1) / j->n_tasks);
+    for (size_t k = 0, first = 0; k < j->parts && first < u1; k++) {
+        const cb_mm_part *p = &j->p[k];
+        size_t unit = cb_mm_unit(&p->t), n_units = (p->t.rows + unit - 1) / unit;
+        size_t a = u0 > first ? u0 - first : 0, b = u1 - first < n_units ? u1 - first : n_units;
+        if (a < b)
+            cb_mm_rows(j, p, a * unit, b * unit < p->t.rows ? b * unit : p->t.rows);
+        first += n_units;
+    }
 }
 
 #define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
 #endif
+
+/* The group's matmuls, one parallel region for all of them when the context has a parallel_for (the
+ * parts write distinct outputs). */
+static void cb_mm_group(const colibri_ctx *c, cb_mm_job *job)
+{
+    uint64_t macs = 0;
+    job->units = 0;
+    for (size_t k = 0; k < job->parts; k++) {
+        const cb_tensor *t = &job->p[k].t;
+        if (!t->q8)
+            job->p[k].xq = NULL;
+        job->units += (t->rows + cb_mm_unit(t) - 1) / cb_mm_unit(t);
+        macs += (uint64_t)t->rows * t->cols * job->n;
+    }
+    job->scalar = CB_INT8_ACTS(c);
+#ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
+    job->n_tasks = c->parallel_tasks < job->units ? c->parallel_tasks : job->units;
+    if (c->parallel_for && job->n_tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
+        c->parallel_for(cb_mm_task, job, job->n_tasks, c->parallel_user);
+        return;
+    }
+#endif
+    for (size_t k = 0; k < job->parts; k++)
+        cb_mm_rows(job, &job->p[k], 0, job->p[k].t.rows);
+}
+
+/* One to three matmuls of the same n tokens into distinct outputs, as one parallel region. */
+static void cb_mm3(const colibri_ctx *c, size_t n, const cb_mm_part *parts, size_t n_parts)
+{
+    cb_mm_job job;
+    memset(&job, 0, sizeof job);
+    for (size_t k = 0; k < n_parts; k++)
+        job.p[k] = parts[k];
+    job.parts = n_parts;
+    job.n = n;
+    cb_mm_group(c, &job);
+}
 
 /* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i;
  * xq: the x[j] quantized by cb_quantize, which a q8 W multiplies instead (a q8 W always has them). */
 static void cb_mm(const colibri_ctx *c, size_t i, size_t n, const float *const *x, const cb_xq *xq,
                   float *const *y, const float *alpha, int accumulate)
 {
-    cb_tensor t = cb_tensor_at(c, i);
-    if (!t.q8)
-        xq = NULL;
-#ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
-    size_t unit = t.q8 ? CB_TILE16_ROWS : 4, tasks = c->parallel_tasks < t.rows / unit ? c->parallel_tasks : t.rows / unit;
-    if (c->parallel_for && tasks > 1 && (uint64_t)t.rows * t.cols * n >= CB_PARALLEL_MIN_MACS) {
-        cb_mm_job job = {&t, n, tasks, xq, CB_INT8_ACTS(c), x, y, alpha, accumulate};
-        c->parallel_for(cb_mm_task, &job, tasks, c->parallel_user);
-        return;
-    }
-#endif
-    if (xq)
-        cb_matmul_q8(&t, 0, t.rows, n, xq, x, y, alpha, accumulate);
-    else if (CB_INT8_ACTS(c)) /* the router: scalar, so a q8 blob's forward pass is the same bits everywhere */
-        cb_matmul_scalar(&t, 0, t.rows, n, x, y, alpha, accumulate);
-    else
-        cb_matmul(&t, 0, t.rows, n, x, y, alpha, accumulate);
+    const cb_mm_part part = {cb_tensor_at(c, i), x, xq, y, alpha, accumulate};
+    cb_mm3(c, n, &part, 1);
 }
+
 
 #define CB_ONE4 1.0f, 1.0f, 1.0f, 1.0f
 #define CB_ONE32 CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4, CB_ONE4
@@ -358,8 +402,9 @@ static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *cons
     cb_rows(gate, w, n, g);
     cb_rows(up, w, n, u);
     const cb_xq *xbq = cb_quantize(c, xb, n, CB_HIDDEN(c), xq);
-    cb_mm(c, i + CB_MLP_GATE, n, xb, xbq, g, cb_ones, 0);
-    cb_mm(c, i + CB_MLP_UP, n, xb, xbq, u, cb_ones, 0);
+    const cb_mm_part gate_up[2] = {{cb_tensor_at(c, i + CB_MLP_GATE), xb, xbq, g, cb_ones, 0},
+                                   {cb_tensor_at(c, i + CB_MLP_UP), xb, xbq, u, cb_ones, 0}};
+    cb_mm3(c, n, gate_up, 2);
     if (x && x->bias)
         for (size_t j = 0; j < n; j++) {
             cb_add_vector(g[j], cb_vector(c, x->bias + CB_MLP_GATE), 1.0f, w);
@@ -764,9 +809,10 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
     for (size_t j = 0; j < n; j++) /* 0: attention norm */
         cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.attn_norm), dim, eps);
     const cb_xq *xbq = cb_quantize(c, xb, n, dim, xq); /* 1: q, k, v (k, v straight into the cache) */
-    cb_mm(c, base + s.wq, n, xb, xbq, r->q, cb_ones, 0);
-    cb_mm(c, base + s.wk, n, xb, xbq, r->k, cb_ones, 0);
-    cb_mm(c, base + s.wv, n, xb, xbq, r->v, cb_ones, 0);
+    const cb_mm_part qkv[3] = {{cb_tensor_at(c, base + s.wq), xb, xbq, r->q, cb_ones, 0},
+                               {cb_tensor_at(c, base + s.wk), xb, xbq, r->k, cb_ones, 0},
+                               {cb_tensor_at(c, base + s.wv), xb, xbq, r->v, cb_ones, 0}};
+    cb_mm3(c, n, qkv, 3);
     for (size_t j = 0; j < n; j++) {
         cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
         if (CB_KV(c)) {
