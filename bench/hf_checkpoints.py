@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri.codegen.synth import OUTLIER_CHANNEL_GAIN
+
 OUTLIER_COLS = 4  # input columns scaled up in every matrix
-OUTLIER_GAIN = 8.0
+OUTLIER_GAIN = OUTLIER_CHANNEL_GAIN  # the same as `colibri synth --outlier-channels`
 # transformers' default initializer_range (0.02) gives a 256-wide model near-uniform next-token
 # distributions, where every quantization's KL is ~1e-4; 1/sqrt(256) keeps activations at unit scale
 # through the layers, so the logits are as peaked as a trained model's and KL tells formats apart

@@ -1,6 +1,6 @@
 """int8c against plain int8, and --attn-quant f16 (embedding and attention matrices in f16, the rest int8c)
-against both, on a heavy-tailed checkpoint: per tensor (weight error, from the blob) and end to end (KL of
-the C runtime's logits against the fp32 numpy reference)."""
+against both, on a heavy-tailed and an outlier-channel checkpoint (colibri synth): per tensor (weight error,
+from the blob) and end to end (KL of the logits against the fp32 numpy reference)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from colibri.runtime import load
 import blobread
 from conftest import synth
 
-SHAPE = dict(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=11,
-             heavy_tail=True)
+SHAPE = dict(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=11)
+KINDS = {"heavy": dict(heavy_tail=True), "outlier": dict(outlier_channels=2)}
 N_SEQS, SEQ_LEN = 32, 16
 ATTN = ("embed", "attn.q", "attn.k", "attn.v", "attn.o")  # what --attn-quant covers in a Mixtral
 # --attn-quant f16 must cut int8c's KL at least this much (measured 0.2-0.4x on the transformers
@@ -47,26 +47,33 @@ def _stepwise(forward, reset, seqs) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.fixture(scope="module")
-def heavy(tmp_path_factory, build_model):
-    ckpt = synth(tmp_path_factory.mktemp("attnq") / "heavy", **SHAPE)
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def measured(request, tmp_path_factory, build_model):
+    """KL of int8, int8c and int8c --attn-quant f16 on a heavy-tailed and an outlier-channel checkpoint;
+    the heavy-tailed one's --attn-quant f16 built and run in C, the others by the reference on the blob."""
+    kind = request.param
+    ckpt = synth(tmp_path_factory.mktemp("attnq") / kind, **SHAPE, **KINDS[kind])
     c = open_checkpoint(ckpt)
     weights = {n: c.get(n) for n in canonical_names(c.spec)}
     seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(N_SEQS, SEQ_LEN))
     fp32 = Reference(c.spec, weights, max_seq=SEQ_LEN)
     base = _stepwise(fp32.forward, fp32.reset, seqs)
-    # int8 and int8c: exported, run by the reference on the blob's weights with the runtime's integer
-    # activations (tests/test_cross.py holds the C runtime to that); --attn-quant f16 built and run in C
+    # exported, run by the reference on the blob's weights with the runtime's integer activations
+    # (tests/test_cross.py holds the C runtime to that); on the heavy-tailed checkpoint --attn-quant f16 is
+    # built and run in C, which must take a blob of f16 attention and int8c experts
     builds, kl = {}, {}
-    for label, quant in (("int8", "int8"), ("int8c", "int8c")):
+    for label, quant, attn in (("int8", "int8", None), ("int8c", "int8c", None), ("attn_f16", "int8c", "f16")):
+        if label == "attn_f16" and kind == "heavy":
+            out = builds[label] = build_model(ckpt, "int8c", "host", "MAX_SEQ=32", "ATTN_QUANT=f16")
+            m = load(out / f"libcolibri_{out.name}.so")
+            kl[label] = _kl(base, _stepwise(m.forward, m.reset, seqs))
+            continue
         builds[label] = tmp_path_factory.mktemp(label)
-        export(ckpt, builds[label], ExportOptions(quant=quant, max_seq=32, predict=False, workers=1))
+        export(ckpt, builds[label], ExportOptions(quant=quant, attn_quant=attn, max_seq=32, predict=False,
+                                                  workers=1))
         ref = Reference(c.spec, blobread.weights(builds[label] / "model.bin"), max_seq=SEQ_LEN)
         kl[label] = _kl(base, _stepwise(ref.forward, ref.reset, seqs))
-    out = builds["attn_f16"] = build_model(ckpt, "int8c", "host", "MAX_SEQ=32", "ATTN_QUANT=f16")
-    m = load(out / f"libcolibri_{out.name}.so")
-    kl["attn_f16"] = _kl(base, _stepwise(m.forward, m.reset, seqs))
-    print({k: f"{v:.3e}" for k, v in kl.items()})
+    print(kind, {k: f"{v:.3e}" for k, v in kl.items()})
     return weights, builds, kl
 
 
@@ -87,8 +94,8 @@ def _blob_errors(weights: dict, out) -> dict[str, tuple[str, float]]:
     return res
 
 
-def test_int8c_beats_int8_per_tensor_and_end_to_end(heavy):
-    weights, builds, kl = heavy
+def test_int8c_beats_int8_per_tensor_and_end_to_end(measured):
+    weights, builds, kl = measured
     plain, comp = _blob_errors(weights, builds["int8"]), _blob_errors(weights, builds["int8c"])
     matrices = [n for n, (dt, _) in comp.items() if dt == "int8c"]
     assert len(matrices) > 10
@@ -97,8 +104,8 @@ def test_int8c_beats_int8_per_tensor_and_end_to_end(heavy):
     assert kl["int8c"] < kl["int8"], f"KL int8c {kl['int8c']:.3e} vs int8 {kl['int8']:.3e}"
 
 
-def test_attn_f16_tensors_and_kl(heavy):
-    weights, builds, kl = heavy
+def test_attn_f16_tensors_and_kl(measured):
+    weights, builds, kl = measured
     errs = _blob_errors(weights, builds["attn_f16"])
     attn = {n for n in errs if _is_attn(n)}
     assert attn and {errs[n][0] for n in attn} == {"f16"}, "the embedding and attention matrices are f16"

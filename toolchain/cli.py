@@ -26,8 +26,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
         path = synth_checkpoint(
             a.ckpt, arch=a.arch, layers=a.layers, hidden=a.hidden, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
             experts=a.experts, top_k=a.top_k, vocab=a.vocab, seed=a.seed, dtype=a.dtype, tie=a.tie,
-            head_dim=a.head_dim, heavy_tail=a.heavy_tail, shards=a.shards, sliding_window=a.sliding_window,
-            kv_lora_rank=a.kv_lora_rank, q_lora_rank=a.q_lora_rank,
+            head_dim=a.head_dim, heavy_tail=a.heavy_tail, outlier_channels=a.outlier_channels, shards=a.shards,
+            sliding_window=a.sliding_window, kv_lora_rank=a.kv_lora_rank, q_lora_rank=a.q_lora_rank,
         )
     except ValueError as e:  # the dimensions do not make a model; the message names the option
         if a.debug:
@@ -258,6 +258,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     s.add_argument("--tie", action="store_true", help="tie lm_head to the embedding")
     s.add_argument("--heavy-tail", action="store_true", help="Student-t weights with outliers")
+    s.add_argument("--outlier-channels", type=int, default=0, metavar="N",
+                   help="N input columns of every matrix scaled up 8x (outlier features)")
     s.set_defaults(fn=cmd_synth)
 
     e = sub.add_parser("export", help="quantize a checkpoint and generate C sources")
