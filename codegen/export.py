@@ -28,7 +28,7 @@ from .quantize import DEFAULT_QUANT, INT4_QUANTS, QUANTS, QuantTensor, default_o
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
-from .stream import pool_workers, quantize_all
+from .stream import matrix_quants, pool_workers, quantize_all
 from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
@@ -271,11 +271,6 @@ def _probe(spec: ModelSpec, source: Any, f: Any, order: list[str], max_seq: int)
         return predict_logit_error(spec, source, BlobWeights(buf, order, spec), max_seq, PROBE_CACHE_BYTES)
 
 
-def _quants(opts: ExportOptions) -> set[str]:
-    """The quantizations of the export's matrices: --quant's, and --attn-quant's if given."""
-    return {opts.quant} | ({opts.attn_quant} if opts.attn_quant else set())
-
-
 def export(
     ckpt_dir: str | Path,
     out_dir: str | Path,
@@ -302,7 +297,8 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    q8 = opts.int8_activations and any(uses_q8(spec, qn, opts.group_size) for qn in _quants(opts))
+    q8 = opts.int8_activations and any(uses_q8(spec, qn, opts.group_size)
+                                       for qn in matrix_quants(opts.quant, opts.attn_quant))
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block, kv=opts.kv)
     tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
     order = blob_names(spec, tokenizer=tok_section is not None)  # the tokenizer section last

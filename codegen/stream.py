@@ -50,6 +50,11 @@ def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     return quant
 
 
+def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
+    """The quantizations an export's matrices get: --quant's, and --attn-quant's if given."""
+    return {quant} | ({attn_quant} if attn_quant else set())
+
+
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,
                     attn_quant: str | None = None) -> Quantized:
     """Read one tensor from `source` (anything with get(name)), quantize it and measure its error."""

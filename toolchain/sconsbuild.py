@@ -110,6 +110,7 @@ def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
     from colibri.codegen.export import MAX_SEQ_LIMIT
     from colibri.codegen.layout import uses_q8
     from colibri.codegen.plan import largest_max_seq, plan_arena
+    from colibri.codegen.stream import matrix_quants
 
     from .firmware import CLASS_KEYS, arena_rooms, firmware_spec
 
@@ -121,7 +122,8 @@ def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
     except (ExportError, TargetError) as e:
         _fail(str(e))
         raise
-    q8 = o["int8_activations"] and uses_q8(spec, o["quant"], o["group_size"])
+    q8 = o["int8_activations"] and any(uses_q8(spec, qn, o["group_size"])
+                                       for qn in matrix_quants(o["quant"], o["attn_quant"]))
     block = o["prefill_block"] or None
     n = largest_max_seq(spec, [(classes, room) for classes, room, _ in rooms], MAX_SEQ_LIMIT, block, q8,
                         o["max_prefill_block"], o["kv"])
