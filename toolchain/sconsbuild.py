@@ -64,12 +64,13 @@ def _activations(arg: str) -> bool:
     return arg == "int8"
 
 
-def _attn_quant(arg: str | None) -> str | None:
+def _attn_quant(arg: str | None, quant: str) -> str | None:
+    """ATTN_QUANT, None when it is QUANT's (the same export, so the same build directory)."""
     from colibri.codegen.quantize import QUANTS
 
     if arg is not None and arg not in QUANTS:
         _fail(f"ATTN_QUANT={arg}: expected one of {', '.join(QUANTS)}")
-    return arg
+    return None if arg == quant else arg
 
 
 def _kv(arg: str) -> str:
@@ -153,7 +154,8 @@ def _options(arguments: dict) -> dict:
             "group_size": int(arguments.get("GROUP_SIZE", d["group_size"])),
             # None: the quantization's own default (quantize.default_outlier_frac)
             "outlier_frac": float(arguments["OUTLIER_FRAC"]) if "OUTLIER_FRAC" in arguments else d["outlier_frac"],
-            "attn_quant": _attn_quant(arguments.get("ATTN_QUANT", d["attn_quant"])),
+            "attn_quant": _attn_quant(arguments.get("ATTN_QUANT", d["attn_quant"]),
+                                      arguments.get("QUANT", d["quant"])),
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
             "kv": _kv(arguments.get("KV", d["kv"])),
