@@ -28,7 +28,7 @@ from .quantize import DEFAULT_QUANT, INT4_QUANTS, QUANTS, QuantTensor, default_o
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
-from .stream import pool_workers, quantize_all
+from .stream import matrix_quants, pool_workers, quantize_all
 from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
@@ -54,6 +54,7 @@ class ExportOptions:
     quant: str = DEFAULT_QUANT
     group_size: int = 0  # 0: one scale per output row
     outlier_frac: float | None = None  # None: quantize.default_outlier_frac(quant)
+    attn_quant: str | None = None  # the embedding's and attention matrices' quantization; None: quant's
     max_seq: int = 0  # 0: from the model, capped at DEFAULT_MAX_SEQ_CAP
     prompt: list[int] = field(default_factory=list)  # built-in prompt; empty: colibri.json's, else 3,17,42
     generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
@@ -173,6 +174,11 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
                                                     f"{', '.join(unrun)} yet (the numpy reference does)")
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
+    if opts.attn_quant is not None and opts.attn_quant not in QUANTS:
+        raise ExportError(ckpt_dir, f"unknown --attn-quant {_short(opts.attn_quant)} (use {', '.join(QUANTS)})")
+    if opts.attn_quant in INT4_QUANTS and not opts.int8_activations:
+        raise ExportError(ckpt_dir, f"--attn-quant {opts.attn_quant} has integer-activation kernels only "
+                                    "(drop --float-activations)")
     if not 0.0 <= opts.outlier_frac <= 0.1:
         raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
     if opts.quant in INT4_QUANTS and not opts.int8_activations:
@@ -291,7 +297,8 @@ def export(
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     name = c_identifier(ckpt_dir.absolute().name)
-    q8 = opts.int8_activations and uses_q8(spec, opts.quant, opts.group_size)
+    q8 = opts.int8_activations and any(uses_q8(spec, qn, opts.group_size)
+                                       for qn in matrix_quants(opts.quant, opts.attn_quant))
     plan = plan_arena(spec, max_seq, opts.prefill_block, q8=q8, max_block=opts.max_prefill_block, kv=opts.kv)
     tok_section = tokenizer_section(ckpt_dir, spec.vocab) if opts.tokenizer else None
     order = blob_names(spec, tokenizer=tok_section is not None)  # the tokenizer section last
@@ -308,7 +315,8 @@ def export(
             writer = BlobWriter(f, len(order), opts.layout if q8 else "rows")
             derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
             try:
-                for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers):
+                for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers,
+                                      opts.attn_quant):
                     writer.add(q.name, q.qt)
                     row = {**q.row, **tensor_fields(q.name), "offset": writer.records[-1].offset,
                            "bytes": writer.records[-1].nbytes, "payload_bits": q.qt.payload_bits()}
@@ -341,11 +349,12 @@ def export(
             "model": name,
             "source": ckpt_dir.absolute().name,
             "spec": spec.to_json(),
-            "quant": {"scheme": opts.quant, "group_size": opts.group_size, "outlier_frac": opts.outlier_frac},
+            "quant": {"scheme": opts.quant, "group_size": opts.group_size, "outlier_frac": opts.outlier_frac,
+                      "attn_quant": opts.attn_quant},
             "higher_precision": HIGHER_PRECISION,
             "max_seq": max_seq,
             "blob": {"file": "model.bin", "bytes": blob_bytes, "crc32": crc,
-                     "format_version": format_version(spec, plan, opts.quant in INT4_QUANTS, writer.tokenizer),
+                     "format_version": format_version(spec, plan, writer.int4, writer.tokenizer),
                      "layout": opts.layout if q8 else "rows", "int8_activations": q8,
                      "kv_cache": opts.kv},
             "arena": {**plan.to_json(), **({"plain_kv_cache_bytes": mla_cache_bytes(spec, max_seq)[1]}

@@ -29,19 +29,39 @@ class Quantized:
     norm2: float  # sum of the squared source weights (float64), for the model's total error
 
 
-def tensor_quant(name: str, quant: str) -> str:
+# The matrices --attn-quant applies to: the token embedding and the attention projections. Every token
+# goes through all of them (an expert only sees the tokens routed to it), so their error weighs most per
+# weight; in an MoE they are a few percent of the weights (bench/quant_table.py measures what they cost).
+ATTN_TENSORS = ("embed", "attn.q", "attn.k", "attn.v", "attn.o", "attn.q_a", "attn.q_b", "attn.kv_a")
+
+
+def is_attn_tensor(name: str) -> bool:
+    return name == "embed" or ".".join(name.split(".")[-2:]) in ATTN_TENSORS
+
+
+def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     """The quantization a tensor gets: norms, biases, router and shared gate stay float32, and so does
-    MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att)."""
+    MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att);
+    with `attn_quant`, the ATTN_TENSORS get that one."""
     if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.kv_b", "attn.sinks")):
         return "f32"
+    if attn_quant is not None and is_attn_tensor(name):
+        return attn_quant
     return quant
 
 
-def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float) -> Quantized:
+def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
+    """The quantizations an export's matrices get: --quant's, and --attn-quant's if given."""
+    return {quant} | ({attn_quant} if attn_quant else set())
+
+
+def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,
+                    attn_quant: str | None = None) -> Quantized:
     """Read one tensor from `source` (anything with get(name)), quantize it and measure its error."""
     w = source.get(name)
-    tq = tensor_quant(name, quant)
-    qt = quantize(w, tq, group_size=group_size, outlier_frac=outlier_frac)
+    tq = tensor_quant(name, quant, attn_quant)
+    frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
+    qt = quantize(w, tq, group_size=group_size, outlier_frac=frac)
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
@@ -50,7 +70,7 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
-        alt = quantize(w, other, group_size=group_size, outlier_frac=outlier_frac)
+        alt = quantize(w, other, group_size=group_size, outlier_frac=frac)
         row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
     norm2 = sum_squares(w)
     return Quantized(name, qt, row, norm2)
@@ -71,17 +91,17 @@ def _init_worker(source: Any) -> None:
     _SOURCE = source
 
 
-def _job(name: str, quant: str, group_size: int, outlier_frac: float) -> Quantized:
-    return quantize_tensor(_SOURCE, name, quant, group_size, outlier_frac)
+def _job(name: str, quant: str, group_size: int, outlier_frac: float, attn_quant: str | None) -> Quantized:
+    return quantize_tensor(_SOURCE, name, quant, group_size, outlier_frac, attn_quant)
 
 
 def quantize_all(source: Any, names: list[str], quant: str, group_size: int, outlier_frac: float,
-                 workers: int = 1) -> Iterator[Quantized]:
+                 workers: int = 1, attn_quant: str | None = None) -> Iterator[Quantized]:
     """Quantized tensors in the order of `names`; with workers > 1 computed in that many processes,
     at most INFLIGHT_PER_WORKER * workers tensors at a time."""
     if workers <= 1:
         for name in names:
-            yield quantize_tensor(source, name, quant, group_size, outlier_frac)
+            yield quantize_tensor(source, name, quant, group_size, outlier_frac, attn_quant)
         return
     # fork: spawn and forkserver would re-run the caller's __main__ (an SConstruct, a test, a script)
     # in every worker; the workers are forked before any tensor is read, while the exporter is small
@@ -91,14 +111,14 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
         todo = iter(names)
         pending: deque[Future[Quantized]] = deque()
         for name in todo:
-            pending.append(pool.submit(_job, name, quant, group_size, outlier_frac))
+            pending.append(pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant))
             if len(pending) >= INFLIGHT_PER_WORKER * workers:
                 break
         while pending:
             done = pending.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(_job, nxt, quant, group_size, outlier_frac))
+                pending.append(pool.submit(_job, nxt, quant, group_size, outlier_frac, attn_quant))
             yield done
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -68,6 +68,9 @@ def write_safetensors(path: str | Path, tensors: Iterable[tuple[str, str, tuple[
     return offset
 
 
+OUTLIER_CHANNEL_GAIN = 8.0  # as bench/hf_checkpoints.py's outlier-channel checkpoint
+
+
 def _weight(rng: np.random.Generator, spec: ModelSpec, name: str, heavy_tail: bool) -> np.ndarray:
     shape = canonical_shape(spec, name)
     if name.endswith("norm"):
@@ -310,7 +313,7 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
                      shards: int = 1, shared_ffn: int | None = None, dense_ffn: int | None = None,
                      dense_layers: tuple[int, ...] | list[int] | None = None, norm_topk_prob: bool | None = None,
                      routed_scale: float = 1.0, sliding_window: int | None = None, kv_lora_rank: int | None = None,
-                     q_lora_rank: int | None = None) -> Path:
+                     q_lora_rank: int | None = None, outlier_channels: int = 0) -> Path:
     """Write config.json and model.safetensors (or `shards` shards and an index); same bytes for a seed.
 
     `arch` picks the HF family (names and config keys); its features take the family's typical values
@@ -320,7 +323,12 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
     (with dense_ffn, default 2 * ffn) become `mlp_only_layers` (first_k_dense_replace for DeepSeek).
     DeepSeek-V2/V3 are MLA (see _mla_features; kv_heads is heads, key and value being per head): kv_lora_rank
     and q_lora_rank (0: a plain q_proj) default to hidden / 2, V2 without a q latent.
+    `outlier_channels` input columns of every matrix (the embedding's being the hidden features) are
+    multiplied by OUTLIER_CHANNEL_GAIN, the outlier features of real LLMs; chosen by a generator of their
+    own, so the other weights are those of the same seed without them.
     """
+    if outlier_channels < 0:
+        raise ValueError(f"synth: outlier_channels {outlier_channels} is negative")
     if arch not in ARCHES:
         raise ValueError(f"synth: unsupported arch {arch!r} (supported: {', '.join(ARCHES)})")
     if arch in ("mixtral", "olmoe", *DENSE_ARCHES) and (dense_layers or shared_ffn):
@@ -353,11 +361,15 @@ def synth_checkpoint(out_dir: str | Path, *, arch: str = "mixtral", layers: int,
         raise ValueError(f"synth: shards must be in 1..{n_tensors}, got {shards}")
     st_dtype, torch_dtype = DTYPES[dtype]
     rng = np.random.default_rng(seed)
+    col_rng = np.random.default_rng([seed, 1])
     entries = []
     view = _IMPORTER[arch].view
     fused: dict[str, np.ndarray] = {}  # families whose files fuse tensors: each file tensor assembled
     for name in canonical_names(spec):
         w = _weight(rng, spec, name, heavy_tail)
+        if outlier_channels and w.ndim == 2 and not name.endswith(("norm", "_bias", "router", "sinks")):
+            cols = col_rng.choice(w.shape[1], size=min(outlier_channels, w.shape[1]), replace=False)
+            w[:, cols] *= np.float32(OUTLIER_CHANNEL_GAIN)
         src = _IMPORTER[arch].source_name(name)
         if view is None:
             entries.append((src, st_dtype, w.shape, encode(w, st_dtype)))

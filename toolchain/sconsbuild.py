@@ -64,6 +64,15 @@ def _activations(arg: str) -> bool:
     return arg == "int8"
 
 
+def _attn_quant(arg: str | None, quant: str) -> str | None:
+    """ATTN_QUANT, None when it is QUANT's (the same export, so the same build directory)."""
+    from colibri.codegen.quantize import QUANTS
+
+    if arg is not None and arg not in QUANTS:
+        _fail(f"ATTN_QUANT={arg}: expected one of {', '.join(QUANTS)}")
+    return None if arg == quant else arg
+
+
 def _kv(arg: str) -> str:
     from colibri.codegen.format import KV_DTYPES
 
@@ -102,6 +111,7 @@ def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
     from colibri.codegen.export import MAX_SEQ_LIMIT
     from colibri.codegen.layout import uses_q8
     from colibri.codegen.plan import largest_max_seq, plan_arena
+    from colibri.codegen.stream import matrix_quants
 
     from .firmware import CLASS_KEYS, arena_rooms, firmware_spec
 
@@ -113,7 +123,8 @@ def _auto_max_seq(t: Target, ckpt: Path, o: dict) -> int:
     except (ExportError, TargetError) as e:
         _fail(str(e))
         raise
-    q8 = o["int8_activations"] and uses_q8(spec, o["quant"], o["group_size"])
+    q8 = o["int8_activations"] and any(uses_q8(spec, qn, o["group_size"])
+                                       for qn in matrix_quants(o["quant"], o["attn_quant"]))
     block = o["prefill_block"] or None
     n = largest_max_seq(spec, [(classes, room) for classes, room, _ in rooms], MAX_SEQ_LIMIT, block, q8,
                         o["max_prefill_block"], o["kv"])
@@ -143,6 +154,8 @@ def _options(arguments: dict) -> dict:
             "group_size": int(arguments.get("GROUP_SIZE", d["group_size"])),
             # None: the quantization's own default (quantize.default_outlier_frac)
             "outlier_frac": float(arguments["OUTLIER_FRAC"]) if "OUTLIER_FRAC" in arguments else d["outlier_frac"],
+            "attn_quant": _attn_quant(arguments.get("ATTN_QUANT", d["attn_quant"]),
+                                      arguments.get("QUANT", d["quant"])),
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
             "kv": _kv(arguments.get("KV", d["kv"])),

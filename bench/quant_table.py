@@ -1,0 +1,209 @@
+"""Quantization table for any checkpoint: colibri's formats against llama.cpp's, by KL to the f32 logits.
+
+    .venv/bin/python bench/quant_table.py CKPT [--llamacpp NAME] [--seqs 96] [--len 16]
+
+Every position of SEQS random sequences of LEN token ids (seed 0; 96 x 16 = 1,536 positions) is scored:
+mean KL divergence of each variant's next-token distribution from the f32 one, and top-1 agreement.
+colibri's variants (f32, f16, int8, int8c, int4, int4c; int8c with float activations, and int8c with
+--attn-quant f16: the embedding and attention matrices in f16, the experts and lm_head int8c) run in the
+numpy reference on the exporter's own quantized weights, with the integer activations the runtime's
+matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the float input), which is
+what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of
+the checkpoint: norms, router and everything else kept in f32 included.
+
+--llamacpp NAME adds llama.cpp's Q8_0, Q4_0 and Q4_K_M rows from its own logits of
+$PEER/gguf/NAME-{f32,q8_0,q4_0,q4_k_m}.gguf (PEER defaults to /tmp/peer), made by
+    ../shared/peer/build_llamacpp.sh --convert CKPT NAME Q4_0 Q4_K_M
+and read with $PEER/tools/logits (or --logits-tool PATH: the logits.c of that script, compiled), with an
+f32 K/V cache (LOGITS_EXACT=1), as colibri's. Their bits/w is the GGUF's tensor bytes over all weights.
+Decode tok/s is not measured here (bench/speed.py, on a quiet machine).
+The checkpoints of the table: bench/hf_checkpoints.py (transformers: plain, heavy-tailed, outlier channels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
+from colibri.codegen.layout import is_q8  # noqa: E402
+from colibri.codegen.quantize import QuantTensor, default_outlier_frac  # noqa: E402
+from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
+from colibri.codegen.spec import canonical_names  # noqa: E402
+from colibri.codegen.stream import quantize_tensor  # noqa: E402
+
+PEER = Path(os.environ.get("PEER", "/tmp/peer"))
+LLAMACPP = (("f32", "f32"), ("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_K_M", "q4_k_m"))
+# (label, quant, group_size, integer activations, attn_quant)
+VARIANTS = (("f32", "f32", 0, False, None), ("f16", "f16", 0, False, None), ("int8", "int8", 0, True, None),
+            ("int8c", "int8c", 0, True, None), ("int8c act=float", "int8c", 0, False, None),
+            ("int8c attn=f16", "int8c", 0, True, "f16"),
+            ("int4", "int4", 0, True, None), ("int4c", "int4c", 0, True, None))
+
+
+class QuantWeights(dict):
+    """Canonical name -> the float32 weights a quantization computes with, for Reference, with its q8 and
+    corrections hooks: which matrices take integer activations and their sparse corrections."""
+
+    def __init__(self, weights: dict[str, np.ndarray], quantizer: Callable[[str, np.ndarray], QuantTensor],
+                 int_activations: bool = True,
+                 activations: Callable[[np.ndarray], np.ndarray] = quantize_q8) -> None:
+        super().__init__()
+        self._q8: set[str] = set()
+        self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.bits = 0
+        self.quantize_activations = activations
+        for name, w in weights.items():
+            qt = quantizer(name, w)
+            self.bits += qt.payload_bits()
+            self[name] = qt.dequantize().reshape(w.shape)
+            if int_activations and name != "embed" and is_q8(qt.dtype, qt.cols, qt.group_size):
+                self._q8.add(name)
+            if qt.n_outliers:
+                self._corr[name] = (qt.oidx.astype(np.int64), qt.oval.astype(np.float32))
+
+    def q8(self, name: str) -> bool:
+        return name in self._q8
+
+    def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        return self._corr.get(name)
+
+
+def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None = None
+                       ) -> Callable[[str, np.ndarray], QuantTensor]:
+    """The exporter's quantization of each tensor (stream.tensor_quant decides which stay f32)."""
+    def q(name: str, w: np.ndarray) -> QuantTensor:
+        return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant).qt
+    return q
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def compare(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
+    """Mean KL(base || other) over positions, and top-1 agreement."""
+    p, q = log_softmax(base), log_softmax(other)
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1))), float(np.mean(base.argmax(-1) == other.argmax(-1)))
+
+
+def sequences(vocab: int, n: int, length: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=(n, length))
+
+
+def stepwise(ref: Reference, seqs: np.ndarray) -> np.ndarray:
+    """Logits at every position of every sequence, one token at a time."""
+    out = []
+    for s in seqs:
+        ref.reset()
+        out += [ref.forward([int(t)]) for t in s]
+    return np.array(out, dtype=np.float32)
+
+
+def llamacpp_logits(tool: Path, gguf: Path, seqs: np.ndarray) -> np.ndarray:
+    """llama.cpp's logits at every position of each sequence (one run per sequence, f32 K/V cache)."""
+    out = []
+    env = {**os.environ, "LOGITS_EXACT": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "logits.bin"
+        for s in seqs:
+            subprocess.run([str(tool), str(gguf), str(dump), "0", *map(str, s.tolist())], check=True,
+                           capture_output=True, env=env)
+            raw = dump.read_bytes()
+            n, vocab = struct.unpack_from("<ii", raw)
+            out.extend(np.frombuffer(raw, "<f4", n * vocab, 8).reshape(n, vocab))
+    return np.array(out, dtype=np.float32)
+
+
+def gguf_tensor_bytes(path: Path) -> int:
+    """Bytes of a GGUF file's tensor data (the file from its aligned data section on)."""
+    raw = path.read_bytes()
+    magic, version, n_tensors, n_kv = struct.unpack_from("<IIQQ", raw, 0)
+    if magic != 0x46554747 or version < 2:
+        raise ValueError(f"{path}: not a GGUF v2+ file")
+    off = 24
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    align = 32
+
+    def skip_value(t: int, off: int) -> int:
+        if t in scalar:
+            return off + scalar[t]
+        if t == 8:  # string
+            return off + 8 + struct.unpack_from("<Q", raw, off)[0]
+        if t == 9:  # array: type, count, values
+            et, count = struct.unpack_from("<IQ", raw, off)
+            off += 12
+            if et in scalar:
+                return off + scalar[et] * count
+            for _ in range(count):
+                off = skip_value(et, off)
+            return off
+        raise ValueError(f"{path}: unknown GGUF value type {t}")
+
+    for _ in range(n_kv):
+        klen = struct.unpack_from("<Q", raw, off)[0]
+        key = raw[off + 8: off + 8 + klen].decode()
+        off += 8 + klen
+        t = struct.unpack_from("<I", raw, off)[0]
+        off += 4
+        if key == "general.alignment":
+            align = struct.unpack_from("<I", raw, off)[0]
+        off = skip_value(t, off)
+    for _ in range(n_tensors):
+        nlen = struct.unpack_from("<Q", raw, off)[0]
+        off += 8 + nlen
+        ndim = struct.unpack_from("<I", raw, off)[0]
+        off += 4 + 8 * ndim + 4 + 8
+    data = -(-off // align) * align
+    return len(raw) - data
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ckpt", type=Path)
+    ap.add_argument("--seqs", type=int, default=96)
+    ap.add_argument("--len", type=int, default=16, dest="length")
+    ap.add_argument("--llamacpp", metavar="NAME", default=None)
+    ap.add_argument("--logits-tool", type=Path, default=PEER / "tools" / "logits")
+    a = ap.parse_args()
+    c = open_checkpoint(a.ckpt)
+    spec = c.spec
+    weights = {n: np.asarray(c.get(n), dtype=np.float32) for n in canonical_names(spec)}
+    n_weights = sum(w.size for w in weights.values())
+    seqs = sequences(spec.vocab, a.seqs, a.length)
+    max_seq = a.length + 1
+    t0 = time.perf_counter()
+    base = stepwise(Reference(spec, weights, max_seq=max_seq), seqs)
+    print(f"checkpoint {a.ckpt}: {n_weights:,} weights, {len(base)} positions ({a.seqs} x {a.length})"
+          )
+    print(f"{'variant':<22} {'bits/w':>7} {'mean KL':>10} {'top-1':>7}  decode tok/s")
+    for label, quant, g, int_act, attn in VARIANTS:
+        qw = QuantWeights(weights, exporter_quantizer(quant, g, attn), int_activations=int_act)
+        logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs)
+        kl, top1 = compare(base, logits)
+        print(f"{'colibri ' + label:<22} {qw.bits / n_weights:7.3f} {kl:10.3e} {top1:7.2%}  (bench/speed.py)",
+              flush=True)
+    for label, suffix in LLAMACPP if a.llamacpp else ():
+        gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
+        if not gguf.is_file() or not a.logits_tool.is_file():
+            print(f"{'llama.cpp ' + label:<22} not run: no {gguf if not gguf.is_file() else a.logits_tool}")
+            continue
+        kl, top1 = compare(base, llamacpp_logits(a.logits_tool, gguf, seqs))
+        bits = 8 * gguf_tensor_bytes(gguf) / n_weights
+        print(f"{'llama.cpp ' + label:<22} {bits:7.3f} {kl:10.3e} {top1:7.2%}  (bench/speed.py)", flush=True)
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
