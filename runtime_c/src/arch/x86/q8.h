@@ -226,7 +226,6 @@ typedef struct cb_tile_acc {
 } cb_tile_acc;
 
 #define CB_HAS_Q8_PEND 1 /* cb_tile_dot takes p: the previous tile's corrections, a few per block */
-#define CB_PEND_PER_BLOCK 4u
 
 static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile,
                                                                      const cb_xq *xq, cb_outl_pend *p)
@@ -242,7 +241,7 @@ static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_te
         __m256i i0, i1;
         cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, &i0, &i1);
         if (p)
-            cb_outl_pend_run(t, p, CB_PEND_PER_BLOCK);
+            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m256 d = _mm256_set1_ps(xq->d[b]);
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i0), d), s0));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i1), d), s1));
