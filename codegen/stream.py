@@ -15,7 +15,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import QuantTensor, quantize, relative_error, sum_squares
+from .quantize import QuantTensor, quant_error, quantize, sum_squares
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
 INFLIGHT_PER_WORKER = 2
@@ -62,17 +62,17 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     tq = tensor_quant(name, quant, attn_quant)
     frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
     qt = quantize(w, tq, group_size=group_size, outlier_frac=frac)
+    norm2 = sum_squares(w)
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
-        "rel_error": relative_error(w, qt.dequantize().reshape(w.shape)), "n_outliers": qt.n_outliers,
+        "rel_error": quant_error(w, qt, norm2), "n_outliers": qt.n_outliers,
     }
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
         alt = quantize(w, other, group_size=group_size, outlier_frac=frac)
-        row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
-    norm2 = sum_squares(w)
+        row[f"rel_error_{other}"] = quant_error(w, alt, norm2)
     return Quantized(name, qt, row, norm2)
 
 
