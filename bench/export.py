@@ -1,6 +1,6 @@
 """Export speed and memory of `colibri export`, with 1 and 2 quantizing workers (issue #19).
 
-    .venv/bin/python bench/export.py [--ckpt DIR] [--dtypes f32,bf16] [--workers 1,2] [--quant int8c]
+    .venv/bin/python bench/export.py [--ckpt DIR ...] [--dtypes f32,bf16] [--workers 1,2] [--quant int8c]
                                      [--rss-gb 4] [--work DIR] [--keep]
 
 Without --ckpt it synthesises (`colibri synth`, seed 0) the 288M shape of bench/speed.py (hidden 1024, ffn 1024,
@@ -126,7 +126,8 @@ def line(label: str, src: int, r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", type=Path, help="export this checkpoint instead of synthesised ones")
+    ap.add_argument("--ckpt", type=Path, action="append", help="export this checkpoint (repeatable) instead of "
+                                                                     "synthesised ones")
     ap.add_argument("--dtypes", default="f32,bf16", help="source dtypes of the synthesised 288M checkpoints")
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--quant", default="int8c")
@@ -140,7 +141,7 @@ def main() -> None:
     try:
         ckpts: list[tuple[str, Path]] = []
         if args.ckpt:
-            ckpts.append((args.ckpt.name, args.ckpt))
+            ckpts += [(c.name, c) for c in args.ckpt]
         else:
             for dt in args.dtypes.split(","):
                 ckpts.append((f"288m-{dt}", synth(work / f"288m-{dt}", dict(SHAPE_288M, dtype=dt))))

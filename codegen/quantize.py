@@ -301,7 +301,9 @@ def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
         return (groups / rms[c]).reshape(c.stop - c.start, -1)[:, :cols]
 
     # the sample bound, then the scores above it with their flat indices
-    sample = np.concatenate([score(c).reshape(-1)[::SAMPLE_STEP] for c in chunks])
+    # the scores of every SAMPLE_STEP-th entry, computed for those alone (the same float64 quotients)
+    r, col = np.divmod(np.arange(0, w.size, SAMPLE_STEP), cols)
+    sample = np.abs(w[r, col]) / rms.reshape(rows, -1)[r, col // g]
     j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
     bound = np.partition(sample, sample.size - j)[sample.size - j]
     vals, where = [], []
@@ -326,7 +328,7 @@ def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
 def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:
     mag = np.abs(w)
     if mask is not None:
-        mag[mask] = 0.0
+        np.putmask(mag, mask, 0.0)
     amax = _padded_groups(mag, g, 0.0).max(axis=2)
     scales = (amax / 127.0).astype(np.float32)
     nonzero = scales[scales > 0]
