@@ -143,7 +143,7 @@ def main() -> None:
         if args.ckpt:
             ckpts += [(c.name, c) for c in args.ckpt]
         else:
-            for dt in args.dtypes.split(","):
+            for dt in filter(None, args.dtypes.split(",")):  # --dtypes "": the memory figure only
                 ckpts.append((f"288m-{dt}", synth(work / f"288m-{dt}", dict(SHAPE_288M, dtype=dt))))
             if args.rss_gb > 0:
                 shape = dict(SHAPE_4GB, layers=max(1, round(SHAPE_4GB["layers"] * args.rss_gb / 4.2)))

@@ -1,6 +1,8 @@
-"""int8c's outlier selection when ties straddle the cut (#19: the selection was sped up, its choice must not
-move): the n_out entries of largest |w| / rms(group), as np.argpartition picks them below LEAN_MIN_WEIGHTS,
-and of the entries tied at the threshold those first in memory order from it on (the row-chunked path)."""
+"""Corners of the quantizer that its speed-ups (#19) must keep byte for byte and that the exports of
+test_export_hashes.py do not reach: int8c's outlier selection when ties straddle the cut (the n_out entries
+of largest |w| / rms(group), as np.argpartition picks them below LEAN_MIN_WEIGHTS, and of the entries tied
+at the threshold those first in memory order from it on, the row-chunked path), and the scale of a group of
+zeros."""
 
 from __future__ import annotations
 
@@ -45,3 +47,11 @@ def test_ties_lean_matrix_first_in_memory_order():
         assert _straddles(score, n_out)
         want = np.sort(np.argsort(-score, kind="stable")[:n_out])  # ties: the first in memory order
         assert np.array_equal(quantize(w, "int8c", group_size=g).oidx, want), g
+
+
+def test_scale_of_zeros_is_positive_zero():
+    w = np.ones((3, 64), dtype=np.float32)
+    w[1], w[2] = 0.0, -0.0  # |w| is +0.0: the groups' scale is +0.0 (a -0.0 would be other bytes in the blob)
+    for g in (0, 32):
+        scales = quantize(w, "int8", group_size=g).scales
+        assert scales[1:].tolist() == [[0.0] * scales.shape[1]] * 2 and not np.signbit(scales).any(), g
