@@ -140,8 +140,8 @@ class Checkpoint:
         if np.any(scale != 1.0):
             with np.errstate(over="ignore"):
                 arr = (arr * np.float32(scale)).astype(np.float32)
-        bad = ~np.isfinite(arr)
-        if bad.any():
+        if arr.size and not (np.isfinite(arr.max()) and np.isfinite(arr.min())):  # max and min propagate NaN
+            bad = ~np.isfinite(arr)
             first = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ExportError(f.path, f"{int(bad.sum())} non-finite values (NaN or Inf), the first at index "
                                       f"{list(first)}", info.name)

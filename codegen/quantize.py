@@ -38,6 +38,8 @@ MAX_GAP = 0xFFFF
 # the whole-array computation, so their exports stay byte for byte what they were.
 LEAN_MIN_WEIGHTS = 4_000_000
 CHUNK_WEIGHTS = 1 << 20
+ERROR_CHUNK_WEIGHTS = 1 << 16  # error sums go by chunks that stay in the cache
+SAMPLE_STEP = 16  # outlier selection: every 16th score estimates a bound below the threshold
 
 
 @dataclass
@@ -73,6 +75,33 @@ class QuantTensor:
             flat[self.oidx] += self.oval.astype(np.float32)
         return w
 
+    def dequantize_rows(self, rows: slice) -> np.ndarray:
+        """dequantize()[rows], computed for those rows only (the same float32 values)."""
+        if self.dtype in ("f32", "f16"):
+            return self.data[rows].astype(np.float32)
+        assert self.scales is not None
+        start, stop = rows.start, rows.stop
+        g, n_groups = self.group_size, self.n_groups
+        s = self.scales[rows].astype(np.float32)
+        q = self.data[rows]
+        if n_groups * g == self.cols:
+            w = (s[:, :, None] * q.reshape(stop - start, n_groups, g).astype(np.float32)).reshape(-1, self.cols)
+        else:
+            w = np.repeat(s, g, axis=1)[:, : self.cols] * q.astype(np.float32)
+        if self.n_outliers:
+            lo, hi = np.searchsorted(self.oidx, [start * self.cols, stop * self.cols])
+            if hi > lo:
+                flat = w.reshape(-1)
+                flat[self.oidx[lo:hi].astype(np.int64) - start * self.cols] += self.oval[lo:hi].astype(np.float32)
+        return w
+
+    def squared_error(self, w: np.ndarray) -> float:
+        """sum((W - dequantize())^2) in float64, by row chunks (no whole-matrix temporaries)."""
+        w2 = w.reshape(self.rows, self.cols)
+        if self.dtype == "f32":
+            return 0.0 if np.array_equal(w2, self.data) else _chunked_sq_diff(w2, self)
+        return _chunked_sq_diff(w2, self)
+
     def payload_bits(self) -> int:
         """Bits of weights, scales and corrections (row padding excluded)."""
         elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8, "int4": 4, "int4c": 4}[self.dtype]
@@ -100,9 +129,17 @@ def encode_outliers(oidx: np.ndarray, oval: np.ndarray) -> tuple[np.ndarray, np.
     return np.array(out_gaps, dtype="<u2"), np.array(out_vals, dtype="<f2")
 
 
-def _row_chunks(rows: int, cols: int) -> list[slice]:
-    step = max(1, CHUNK_WEIGHTS // max(cols, 1))
+def _row_chunks(rows: int, cols: int, weights: int = CHUNK_WEIGHTS) -> list[slice]:
+    step = max(1, weights // max(cols, 1))
     return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def _chunked_sq_diff(w2: np.ndarray, qt: QuantTensor) -> float:
+    total = 0.0
+    for c in _row_chunks(*w2.shape, ERROR_CHUNK_WEIGHTS):
+        d = np.subtract(w2[c], qt.dequantize_rows(c), dtype=np.float64)
+        total += float(np.sum(np.square(d, out=d)))
+    return total
 
 
 def sum_squares(w: np.ndarray) -> float:
@@ -111,6 +148,12 @@ def sum_squares(w: np.ndarray) -> float:
         return float(np.sum(w.astype(np.float64) ** 2))
     w2 = w.reshape(-1, w.shape[-1])
     return sum(float(np.sum(np.square(w2[c].astype(np.float64)))) for c in _row_chunks(*w2.shape))
+
+
+def quant_error(w: np.ndarray, qt: QuantTensor, norm2: float) -> float:
+    """relative_error(w, qt.dequantize()) (to the last digits: sums in another order), given norm2 =
+    sum_squares(w), without the whole dequantized matrix."""
+    return float(np.sqrt(qt.squared_error(w) / norm2)) if norm2 else 0.0
 
 
 def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:
@@ -152,17 +195,43 @@ def quantize(
     select = _outlier_mask_lean if w2.size >= LEAN_MIN_WEIGHTS else _outlier_mask
     mask = select(w2, g, n_out) if n_out else None
     scales = _group_scales(w2, g, mask)
-    s_full = np.repeat(scales.astype(np.float32), g, axis=1)[:, :cols]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s_full > 0, np.rint(w2 / s_full), 0.0)
-    q = np.clip(q, -127, 127).astype(np.int8)
+    q = _int8_values(w2, scales, g)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales)
     if mask is not None:
         idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32)
-        residual = w2.reshape(-1)[idx] - s_full.reshape(-1)[idx] * q.reshape(-1)[idx].astype(np.float32)
         qt.oidx = idx
-        qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
+        qt.oval = _residuals(w2, scales.astype(np.float32), g, q, idx)
     return qt
+
+
+def _residuals(w2: np.ndarray, s32: np.ndarray, g: int, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """W - S*Q at the flat indices idx, clipped to f16 (the corrections E)."""
+    r, c = np.divmod(idx.astype(np.int64), w2.shape[1])
+    residual = w2[r, c] - s32[r, c // g] * q[r, c].astype(np.float32)
+    return np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
+
+
+def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int) -> np.ndarray:
+    """rint(W / S) clipped to [-127, 127] (0 where S is 0), by row chunks; f32 division as a whole matrix."""
+    rows, cols = w2.shape
+    s32 = scales.astype(np.float32)
+    n_groups = s32.shape[1]
+    if n_groups * g != cols:
+        s_full = np.repeat(s32, g, axis=1)[:, :cols]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(s_full > 0, np.rint(w2 / s_full), 0.0)
+        return np.clip(q, -127, 127).astype(np.int8)
+    q = np.empty((rows, cols), dtype=np.int8)
+    for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS):
+        s = s32[c][:, :, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.divide(w2[c].reshape(-1, n_groups, g), s)
+        np.rint(t, out=t)
+        if not (s > 0).all():
+            t = np.where(s > 0, t, 0.0)
+        np.clip(t, -127, 127, out=t)
+        q[c] = t.reshape(-1, cols)
+    return q
 
 
 def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
@@ -178,9 +247,11 @@ def _outlier_mask(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
     """The n_out entries standing furthest above their group's typical magnitude."""
     mag = np.abs(w)
     groups = _padded_groups(mag, g, np.nan)
-    rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
-    rms = np.where(rms > 0, rms, 1.0)
+    rms = _group_rms(mag, g)
     score = (groups / rms).reshape(w.shape[0], -1)[:, : w.shape[1]].reshape(-1)
+    threshold, n_above, n_ties = _kth_largest([score], n_out)
+    if n_above + n_ties == n_out:  # no tie straddles the cut: the n_out largest are those >= the n_out-th
+        return (score >= threshold).reshape(w.shape)
     # introselect is deterministic for a given input, so exports stay byte-identical
     top = np.argpartition(-score, n_out - 1)[:n_out]
     mask = np.zeros(w.size, dtype=bool)
@@ -188,15 +259,39 @@ def _outlier_mask(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
     return mask.reshape(w.shape)
 
 
+def _kth_largest(parts: list[np.ndarray], k: int) -> tuple[float, int, int]:
+    """(the k-th largest value of the concatenated float64 `parts`, how many exceed it, how many equal
+    it). Every SAMPLE_STEP-th value gives a bound below it; only the values above the bound are
+    partitioned (all of them if the bound turns out too high)."""
+    n = sum(p.size for p in parts)
+    if n >= 64 * SAMPLE_STEP:
+        sample = np.concatenate([p[::SAMPLE_STEP] for p in parts])
+        j = min(sample.size, 2 * (k // SAMPLE_STEP) + 64)
+        bound = np.partition(sample, sample.size - j)[sample.size - j]
+        cand = np.concatenate([p[p >= bound] for p in parts])
+    else:
+        cand = np.concatenate(parts)
+    if cand.size < k:
+        cand = np.concatenate(parts)
+    t = np.partition(cand, cand.size - k)[cand.size - k]
+    return float(t), int(np.count_nonzero(cand > t)), int(np.count_nonzero(cand == t))
+
+
 def _group_rms(mag: np.ndarray, g: int) -> np.ndarray:
-    groups = _padded_groups(mag, g, np.nan)
-    rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
+    rows, cols = mag.shape
+    if cols % g:
+        groups = _padded_groups(mag, g, np.nan)
+        rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
+    else:  # nanmean's own sum and division when there is no padding
+        sq = mag.reshape(rows, cols // g, g).astype(np.float64)
+        np.square(sq, out=sq)
+        rms = np.sqrt(np.sum(sq, axis=2, keepdims=True) / g)
     return np.where(rms > 0, rms, 1.0)
 
 
 def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
-    """_outlier_mask by row chunks, in about 9 bytes a weight: the same scores, the n_out-th largest
-    found by an in-place partition; of the entries tied with it, those first in memory order are taken."""
+    """_outlier_mask by row chunks, in a few bytes a weight: the same scores, the n_out-th largest
+    (_kth_largest); of the entries tied with it, those first in memory order are taken."""
     rows, cols = w.shape
     chunks = _row_chunks(rows, cols)
     rms = np.concatenate([_group_rms(np.abs(w[c]), g) for c in chunks])
@@ -205,28 +300,41 @@ def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
         groups = _padded_groups(np.abs(w[c]), g, np.nan)
         return (groups / rms[c]).reshape(c.stop - c.start, -1)[:, :cols]
 
-    neg = np.empty(w.size, dtype=np.float64)
+    # the sample bound, then the scores above it with their flat indices
+    # the scores of every SAMPLE_STEP-th entry, computed for those alone (the same float64 quotients)
+    r, col = np.divmod(np.arange(0, w.size, SAMPLE_STEP), cols)
+    sample = np.abs(w[r, col]) / rms.reshape(rows, -1)[r, col // g]
+    j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
+    bound = np.partition(sample, sample.size - j)[sample.size - j]
+    vals, where = [], []
     for c in chunks:
-        np.negative(score(c), out=neg[c.start * cols: c.stop * cols].reshape(-1, cols))
-    neg.partition(n_out - 1)
-    threshold = -neg[n_out - 1]
-    del neg
+        sc = score(c).reshape(-1)
+        hit = np.flatnonzero(sc >= bound)
+        vals.append(sc[hit])
+        where.append(hit + c.start * cols)
+    cand, idx = np.concatenate(vals), np.concatenate(where)
+    if cand.size < n_out:  # the bound was too high: every score
+        cand = np.concatenate([score(c).reshape(-1) for c in chunks])
+        idx = np.arange(cand.size)
+    threshold = np.partition(cand, cand.size - n_out)[cand.size - n_out]
     mask = np.zeros(w.shape, dtype=bool)
-    ties = []
-    for c in chunks:
-        sc = score(c)
-        mask[c] = sc > threshold
-        ties.append(np.flatnonzero(sc == threshold) + c.start * cols)
-    n_ties = n_out - int(np.count_nonzero(mask))
-    mask.reshape(-1)[np.concatenate(ties)[:n_ties]] = True
+    flat = mask.reshape(-1)
+    flat[idx[cand > threshold]] = True
+    n_ties = n_out - int(np.count_nonzero(cand > threshold))
+    flat[idx[cand == threshold][:n_ties]] = True  # idx is in memory order
     return mask
 
 
 def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:
-    mag = np.abs(w)
-    if mask is not None:
-        mag = np.where(mask, 0.0, mag)
-    amax = _padded_groups(mag, g, 0.0).max(axis=2)
+    rows, cols = w.shape
+    if mask is None and cols % g == 0:  # max |w| as max(max w, -min w), without |w|; + 0.0 makes -0.0 0.0
+        groups = w.reshape(rows, cols // g, g)
+        amax = np.maximum(groups.max(axis=2), -groups.min(axis=2)) + np.float32(0.0)
+    else:
+        mag = np.abs(w)
+        if mask is not None:
+            np.putmask(mag, mask, 0.0)
+        amax = _padded_groups(mag, g, 0.0).max(axis=2)
     scales = (amax / 127.0).astype(np.float32)
     nonzero = scales[scales > 0]
     # fp16 scales are exact enough and half the size, unless they would be subnormal

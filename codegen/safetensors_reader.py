@@ -153,30 +153,38 @@ class SafetensorsFile:
         info = self.tensors[name]
         if info.dtype != "U8":
             raise self._fail(f"dtype {info.dtype}, not U8", name)
-        return np.frombuffer(self._bytes(name), dtype=np.uint8).reshape(info.shape).copy()
+        return self._read_into(name, np.empty(info.shape, dtype=np.uint8))
 
     def read(self, name: str) -> np.ndarray:
         """The tensor as a new, writable float32 array (F32, F16 and BF16 only)."""
         info = self.tensors[name]
         if info.dtype not in _NUMPY_DTYPES:
             raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
-        raw = np.frombuffer(self._bytes(name), dtype=_NUMPY_DTYPES[info.dtype])
-        if info.dtype == "BF16":
-            out = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            out = raw.astype(np.float32)
-        return out.reshape(info.shape)
+        if info.dtype == "F32":  # read straight into the array returned
+            return self._read_into(name, np.empty(info.shape, dtype="<f4")).astype(np.float32, copy=False)
+        raw = self._read_into(name, np.empty(info.shape, dtype=_NUMPY_DTYPES[info.dtype]))
+        if info.dtype == "BF16":  # the bf16 bits are the high half of the f32's
+            out = np.empty(info.shape, dtype=np.uint32)
+            np.left_shift(raw.astype(np.uint16, copy=False), 16, out=out, dtype=np.uint32)
+            return out.view(np.float32)
+        return raw.astype(np.float32)
 
-    def _bytes(self, name: str) -> bytearray:
+    def _read_into(self, name: str, out: np.ndarray) -> np.ndarray:
+        """Fill `out` (a new array of the tensor's byte size) with the tensor's bytes as stored."""
         info = self.tensors[name]
-        buf = bytearray(info.nbytes)
+        buf = memoryview(out.reshape(-1)).cast("B")
         fd = open_regular(self.path, "safetensors file")
         try:
-            with os.fdopen(fd, "rb") as f:
+            with os.fdopen(fd, "rb", buffering=0) as f:
                 f.seek(info.start)
-                got = f.readinto(buf)
+                got = 0
+                while got < info.nbytes:
+                    n = f.readinto(buf[got:])
+                    if not n:
+                        break
+                    got += n
         except OSError as e:
             raise self._fail(f"cannot read: {e.strerror or e}", name) from None
         if got != info.nbytes:
             raise self._fail(f"truncated: expected {info.nbytes} bytes of data, read {got}", name)
-        return buf
+        return out

@@ -7,18 +7,23 @@ blob is written in the same order, byte for byte, as by a serial export, and mem
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import QuantTensor, quantize, relative_error, sum_squares
+from .quantize import QuantTensor, quant_error, quantize, sum_squares
+from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
 INFLIGHT_PER_WORKER = 2
+# More tensors go out while those in flight behind the oldest hold fewer weights than it and than this: a
+# large tensor (an embedding) at the head keeps the other workers busy instead of idle behind it.
+INFLIGHT_WEIGHTS = 48_000_000
 
 
 @dataclass(frozen=True)
@@ -62,17 +67,17 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     tq = tensor_quant(name, quant, attn_quant)
     frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
     qt = quantize(w, tq, group_size=group_size, outlier_frac=frac)
+    norm2 = sum_squares(w)
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
-        "rel_error": relative_error(w, qt.dequantize().reshape(w.shape)), "n_outliers": qt.n_outliers,
+        "rel_error": quant_error(w, qt, norm2), "n_outliers": qt.n_outliers,
     }
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
         alt = quantize(w, other, group_size=group_size, outlier_frac=frac)
-        row[f"rel_error_{other}"] = relative_error(w, alt.dequantize().reshape(w.shape))
-    norm2 = sum_squares(w)
+        row[f"rel_error_{other}"] = quant_error(w, alt, norm2)
     return Quantized(name, qt, row, norm2)
 
 
@@ -107,18 +112,36 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
     # in every worker; the workers are forked before any tensor is read, while the exporter is small
     ctx = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source,))
+    size = _weights_of(source)
     try:
-        todo = iter(names)
-        pending: deque[Future[Quantized]] = deque()
-        for name in todo:
-            pending.append(pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant))
-            if len(pending) >= INFLIGHT_PER_WORKER * workers:
-                break
-        while pending:
-            done = pending.popleft().result()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append(pool.submit(_job, nxt, quant, group_size, outlier_frac, attn_quant))
-            yield done
+        todo = deque(names)
+        pending: deque[tuple[int, Future[Quantized]]] = deque()
+
+        def room() -> bool:
+            if len(pending) < INFLIGHT_PER_WORKER * workers:
+                return True
+            behind = sum(n for n, _ in pending) - pending[0][0]
+            return behind + size(todo[0]) <= min(pending[0][0], INFLIGHT_WEIGHTS)
+
+        while todo or pending:
+            while todo and room():
+                name = todo.popleft()
+                pending.append((size(name), pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant)))
+            yield pending.popleft()[1].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _weights_of(source: Any) -> Callable[[str], int]:
+    """Weights of a tensor of `source` by its model's spec; without a spec, every tensor counts 0."""
+    spec = getattr(source, "spec", None) or getattr(getattr(source, "plan", None), "spec", None)
+    if spec is None:
+        return lambda name: 0
+
+    def size(name: str) -> int:
+        try:
+            return math.prod(canonical_shape(spec, name))
+        except (KeyError, ValueError):
+            return 0
+
+    return size
