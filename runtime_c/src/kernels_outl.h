@@ -112,13 +112,14 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
     return o;
 }
 
+#define CB_OUTL_PEND_PER_BLOCK 4u /* corrections added per block of the next tile (2-8 measured alike) */
+
 /* One token's corrections of a tile applied a few at a time inside the next tile's pass (the decode path,
  * kernels_q8.c): while the weights stream, the core has time for them. The tile's sums in dot (dot[i]: row
  * first / cols + i), the walk at its next correction, the flat end of its rows. Each correction is added as
- * cb_outl_apply adds it and in the same order; the row comes from a multiplication (see cb_outl_apply's
- * definition in the tests: (local + 0.5) / cols lies at least 0.5 / cols from an integer). */
-#define CB_OUTL_PEND_PER_BLOCK 4u /* corrections added per block of the next tile (2-8 measured alike) */
-
+ * cb_outl_apply adds it and in the same order. Its row comes from a multiplication, not a loop:
+ * (local + 0.5) / cols lies at least 0.5 / cols from an integer, far more than a double's rounding of a
+ * product below 2^40. */
 typedef struct cb_outl_pend {
     cb_outl o;
     uint64_t first, end;
