@@ -17,6 +17,7 @@ from colibri.runtime import load
 
 import blobread
 from conftest import synth
+from logit_stats import log_softmax, stepwise
 
 SHAPE = dict(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=11)
 KINDS = {"heavy": dict(heavy_tail=True), "outlier": dict(outlier_channels=2)}
@@ -32,19 +33,8 @@ def _is_attn(name: str) -> bool:
 
 
 def _kl(base: np.ndarray, other: np.ndarray) -> float:
-    def ls(x):
-        x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    p, q = ls(base), ls(other)
+    p, q = log_softmax(base), log_softmax(other)
     return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
-
-
-def _stepwise(forward, reset, seqs) -> np.ndarray:
-    out = []
-    for s in seqs:
-        reset()
-        out += [forward([int(t)]) for t in s]
-    return np.array(out)
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
@@ -57,7 +47,7 @@ def measured(request, tmp_path_factory, build_model):
     weights = {n: c.get(n) for n in canonical_names(c.spec)}
     seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(N_SEQS, SEQ_LEN))
     fp32 = Reference(c.spec, weights, max_seq=SEQ_LEN)
-    base = _stepwise(fp32.forward, fp32.reset, seqs)
+    base = stepwise(fp32.forward, fp32.reset, seqs)
     # exported, run by the reference on the blob's weights with the runtime's integer activations
     # (tests/test_cross.py holds the C runtime to that); on the heavy-tailed checkpoint --attn-quant f16 is
     # built and run in C, which must take a blob of f16 attention and int8c experts
@@ -66,13 +56,13 @@ def measured(request, tmp_path_factory, build_model):
         if label == "attn_f16" and kind == "heavy":
             out = builds[label] = build_model(ckpt, "int8c", "host", "MAX_SEQ=32", "ATTN_QUANT=f16")
             m = load(out / f"libcolibri_{out.name}.so")
-            kl[label] = _kl(base, _stepwise(m.forward, m.reset, seqs))
+            kl[label] = _kl(base, stepwise(m.forward, m.reset, seqs))
             continue
         builds[label] = tmp_path_factory.mktemp(label)
         export(ckpt, builds[label], ExportOptions(quant=quant, attn_quant=attn, max_seq=32, predict=False,
                                                   workers=1))
         ref = Reference(c.spec, blobread.weights(builds[label] / "model.bin"), max_seq=SEQ_LEN)
-        kl[label] = _kl(base, _stepwise(ref.forward, ref.reset, seqs))
+        kl[label] = _kl(base, stepwise(ref.forward, ref.reset, seqs))
     print(kind, {k: f"{v:.3e}" for k, v in kl.items()})
     return weights, builds, kl
 

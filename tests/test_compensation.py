@@ -13,6 +13,7 @@ from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
 
 from conftest import synth
+from logit_stats import log_softmax, stepwise
 from q8_0 import BITS_PER_WEIGHT, Q8_0Weights
 
 HEAVY = {
@@ -28,21 +29,8 @@ def _keeps_precision(name: str) -> bool:  # llama.cpp keeps norms and the expert
     return name.endswith("norm") or name.endswith("moe.router")
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def _stepwise(forward, reset, seqs) -> np.ndarray:
-    out = []
-    for s in seqs:
-        reset()
-        out += [forward([int(t)]) for t in s]
-    return np.array(out)
-
-
 def _errors(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
-    p, q = _log_softmax(base), _log_softmax(other)
+    p, q = log_softmax(base), log_softmax(other)
     kl = float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
     return kl, float(np.mean(base.argmax(-1) == other.argmax(-1)))
 
@@ -55,9 +43,9 @@ def test_int8c_beats_q8_0_at_no_more_bits(case, tmp_path, build_model):
     seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(N_SEQS, SEQ_LEN))
 
     fp32 = Reference(c.spec, weights, max_seq=64)
-    base = _stepwise(fp32.forward, fp32.reset, seqs)
+    base = stepwise(fp32.forward, fp32.reset, seqs)
     q8 = Reference(c.spec, Q8_0Weights(weights, {n for n in weights if not _keeps_precision(n)}), max_seq=64)
-    q8_err = _errors(base, _stepwise(q8.forward, q8.reset, seqs))
+    q8_err = _errors(base, stepwise(q8.forward, q8.reset, seqs))
 
     out = build_model(ckpt, "int8c", "host", "GROUP_SIZE=64", "MAX_SEQ=64")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -67,6 +55,6 @@ def test_int8c_beats_q8_0_at_no_more_bits(case, tmp_path, build_model):
     assert bits <= BITS_PER_WEIGHT, f"int8c spends {bits:.3f} bits per weight"
 
     m = load(out / f"libcolibri_{out.name}.so")
-    i8c_err = _errors(base, _stepwise(m.forward, m.reset, seqs))
+    i8c_err = _errors(base, stepwise(m.forward, m.reset, seqs))
     assert i8c_err[0] < q8_err[0], f"KL: int8c {i8c_err[0]:.3e} vs Q8_0 {q8_err[0]:.3e}"
     assert i8c_err[1] > q8_err[1], f"top-1 agreement: int8c {i8c_err[1]:.4f} vs Q8_0 {q8_err[1]:.4f}"
