@@ -1,11 +1,12 @@
 """The demo model's held-out sums as a firmware image's table of prompts, and the score of its answers.
 
-    python firmware_examples/models/heldout_prompts.py OUT.json [N]    # the first N (default 1,000)
+    python firmware_examples/models/heldout_prompts.py OUT.json [N]          # the first N (default 1,000)
+    python firmware_examples/models/heldout_prompts.py --score OUTPUT [N]    # prints right/N, exit 1 below 99%
 
 writes the PROMPTS file of `scons TARGET=stm32h7 PROMPTS=OUT.json` (toolchain/prompts.py): the held-out
 problems of the demo's task.json (its seed, `adder_task.make_problems`), each as the ids of `<BOS>a+b=`,
-5 tokens at most (4 digits and EOS), EOS stopping. score() compares the image's `tokens:` lines with the
-sums as Python adds them.
+5 tokens at most (4 digits and EOS), EOS stopping. score() (--score: of a file holding the image's
+output) compares the image's `tokens:` lines with the sums as Python adds them.
 """
 
 from __future__ import annotations
@@ -51,12 +52,23 @@ def score(stdout: str, pairs: list[tuple[int, int]]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not argv[1].isdigit()):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    scoring = argv[:1] == ["--score"]
+    args = argv[1:] if scoring else argv
+    if not 1 <= len(args) <= 2 or (len(args) == 2 and not (args[1].isdigit() and int(args[1]) > 0)):
+        print("usage: heldout_prompts.py OUT.json [N] | --score OUTPUT [N]", file=sys.stderr)
         return 2
-    n = int(argv[1]) if len(argv) == 2 else 1000
-    Path(argv[0]).write_text(json.dumps(prompts_file(heldout(n))) + "\n")
-    return 0
+    n = int(args[1]) if len(args) == 2 else 1000
+    if not scoring:
+        Path(args[0]).write_text(json.dumps(prompts_file(heldout(n))) + "\n")
+        return 0
+    try:
+        output = Path(args[0]).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        print(f"{args[0]}: cannot read it: {e.strerror or e}", file=sys.stderr)
+        return 2
+    right = score(output, heldout(n))
+    print(f"{right}/{n} held-out sums right")
+    return 0 if right >= 0.99 * n else 1
 
 
 if __name__ == "__main__":
