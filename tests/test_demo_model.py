@@ -95,7 +95,13 @@ def test_prompts_file_is_checked(tmp_path):
     res = scons("TARGET=stm32h7", f"PROMPTS={bad}", build=tmp_path / "build", check=False)
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip().splitlines() == [f"colibri: {bad}: generate must be an integer in 1..65535, not '5'"]
-    assert not (tmp_path / "build" / "stm32h7").exists()
+    good_file = tmp_path / "good.json"
+    good_file.write_text(json.dumps(good))
+    res2 = scons("TARGET=host", f"PROMPTS={good_file}", build=tmp_path / "build", check=False)
+    assert res2.returncode == 2, res2.stdout + res2.stderr
+    assert res2.stderr.strip().splitlines() == [
+        "colibri: PROMPTS: target host is not a firmware target (colibri_demo takes its prompt as arguments)"]
+    assert not (tmp_path / "build").exists()  # refused before the build directory is made
 
 
 def test_demo_model_fits_the_stm32h7_budget(build_model):

@@ -322,6 +322,9 @@ def build_all(arguments: dict) -> None:
         _fail("PROMPTS: not with PARTITION (the prompts image links its model in)")
     opts = _options(arguments)
     targets = _targets(arguments.get("TARGET", "host"))
+    for t in targets if prompts_h is not None else ():
+        if t.kind != "firmware":
+            _fail(f"PROMPTS: target {t.name} is not a firmware target (colibri_demo takes its prompt as arguments)")
     build = _build_dir(arguments)
     from colibri.codegen.emit import c_identifier
 
@@ -361,8 +364,6 @@ def build_all(arguments: dict) -> None:
             outputs += env.ColibriPartition(t, name, out.name, gens[export_key], out, generic=generic)
         elif t.kind == "firmware":
             outputs += env.ColibriFirmware(t, name, key, gens[export_key], out, prompts_h)
-        elif prompts_h is not None:
-            _fail(f"PROMPTS: target {t.name} is not a firmware target (colibri_demo takes its prompt as arguments)")
         else:
             outputs += env.ColibriLinux(t, key, gens[export_key], out, static_exe=not sanitize)
         print(OUTPUT_LINE.format(target=t.name, ckpt=shown(ckpt), out=shown(out)))
