@@ -61,6 +61,7 @@ FAMILIES = {
               "reset": ("board_boot", "main", "board_exit"), "handlers": ("board_trap",), "exception_frame": 0},
 }
 COMMON_SRC = ("common/main.c", "common/boot.c", "common/print.c", "common/semihost.c")
+PROMPTS_APP = "common/prompts.c"  # main.c's stand-in in the image of a table of prompts (toolchain/prompts.py)
 # Stack for calls into code compiled without -fstack-usage (libc, libgcc, libm: memcpy,
 # memset, 64-bit division, soft float: leaves or near-leaves of 16-80 bytes), charged once on
 # top of the deepest path.

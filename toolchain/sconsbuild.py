@@ -99,6 +99,19 @@ def _generic(arg: str, part: str) -> bool:
     return arg == "1"
 
 
+def _prompts(arg: str) -> str | None:
+    """PROMPTS=file.json: the C table of its prompts (toolchain/prompts.py), None without the option."""
+    from .prompts import PromptsError, load, render_header
+
+    if not arg:
+        return None
+    try:
+        return render_header(load(Path(arg)))
+    except PromptsError as e:
+        _fail(str(e))
+        raise
+
+
 def _max_seq(arg: str) -> int | str:
     return "auto" if arg == "auto" else int(arg)
 
@@ -247,7 +260,7 @@ def _build_multi(arguments: dict, ckpts: list[Path]) -> None:
     arena = arguments.get("ARENA", "shared")
     if arena not in ARENA_MODES:
         _fail(f"ARENA={arena}: expected one of {', '.join(ARENA_MODES)}")
-    for option in ("PARTITION", "SANITIZE"):
+    for option in ("PARTITION", "SANITIZE", "PROMPTS"):
         if arguments.get(option):
             _fail(f"{option}: not with MODEL=a,b (several models in one image)")
     opts = _options(arguments)
@@ -304,8 +317,14 @@ def build_all(arguments: dict) -> None:
     ckpt = _checkpoint(arguments)
     part = _partition(arguments.get("PARTITION", ""))
     generic = _generic(arguments.get("GENERIC", "0"), part)
+    prompts_h = _prompts(arguments.get("PROMPTS", ""))
+    if prompts_h is not None and part:
+        _fail("PROMPTS: not with PARTITION (the prompts image links its model in)")
     opts = _options(arguments)
     targets = _targets(arguments.get("TARGET", "host"))
+    for t in targets if prompts_h is not None else ():
+        if t.kind != "firmware":
+            _fail(f"PROMPTS: target {t.name} is not a firmware target (colibri_demo takes its prompt as arguments)")
     build = _build_dir(arguments)
     from colibri.codegen.emit import c_identifier
 
@@ -344,7 +363,7 @@ def build_all(arguments: dict) -> None:
                 out = out.with_name(f"{key}-generic")
             outputs += env.ColibriPartition(t, name, out.name, gens[export_key], out, generic=generic)
         elif t.kind == "firmware":
-            outputs += env.ColibriFirmware(t, name, key, gens[export_key], out)
+            outputs += env.ColibriFirmware(t, name, key, gens[export_key], out, prompts_h)
         else:
             outputs += env.ColibriLinux(t, key, gens[export_key], out, static_exe=not sanitize)
         print(OUTPUT_LINE.format(target=t.name, ckpt=shown(ckpt), out=shown(out)))

@@ -2,7 +2,9 @@
 
 `env.ColibriFirmware(target, name, key, gen, out)`: compiles the runtime, the model and the firmware
 application (each C object with its .su and .ci, recorded in compile_commands.json), renders the
-linker scripts and links the part's image and, when QEMU needs its own, the QEMU twin.
+linker scripts and links the part's image and, when QEMU needs its own, the QEMU twin. With a table of
+prompts (`PROMPTS=file.json`, toolchain/prompts.py) also <key>-prompts-qemu.elf: the same objects, with
+common/prompts.c and the generated prompts.h in place of common/main.c.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ..firmware import (
     COMMON_SRC,
     FAMILIES,
     FW_DIR,
+    PROMPTS_APP,
     Firmware,
     _link_action,
     firmware_spec,
@@ -103,9 +106,22 @@ def _link(fenv, fw: Firmware, name: str, variant, stem: str, objs: list, manifes
                         Action(_link_action, "LINK   $TARGET"))
 
 
-def firmware_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path) -> list:
+def _prompts_image(fenv, fw: Firmware, name: str, key: str, objs: Objects, model: list, qemu_app: list,
+                   manifest: list, out: Path, prompts_h: str) -> list:
+    """<key>-prompts-qemu.elf: the QEMU image with the prompts application (prompts.h beside it)."""
+    header = write_text(fenv, out / "prompts.h", prompts_h)
+    penv = fenv.Clone()
+    penv.Append(CPPPATH=[dir_node(fenv, out)])
+    app = _compile(penv, objs, Path(PROMPTS_APP).stem, file_node(fenv, FW_DIR / PROMPTS_APP))
+    penv.Depends(app, header)
+    app_objs = [app] + qemu_app[1:]  # qemu_app: COMMON_SRC's objects first, common/main.c the first of them
+    return header + _link(fenv, fw, name, fw.qemu_variant, f"{key}-prompts-qemu", model + app_objs, manifest, out)
+
+
+def firmware_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path, prompts_h: str | None = None) -> list:
     """The firmware images of one model for one target: <key>.elf (and <key>-qemu.elf), where name is the
-    model's C-safe name and key its outputs' (layout.py)."""
+    model's C-safe name and key its outputs' (layout.py); with prompts_h (toolchain/prompts.render_header)
+    also <key>-prompts-qemu.elf."""
     from SCons.Script import Exit  # type: ignore[import-not-found]
 
     try:
@@ -125,6 +141,8 @@ def firmware_outputs(env, t: Target, name: str, key: str, gen: dict, out: Path) 
         qemu = _link(fenv, fw, name, fw.qemu_variant, f"{key}-qemu", model + qemu_app, manifest, out)
         fenv.Depends(qemu, part[0])  # a part that does not fit stops the build before QEMU's twin
         outputs += qemu
+    if prompts_h is not None:
+        outputs += _prompts_image(fenv, fw, name, key, objs, model, qemu_app, manifest, out, prompts_h)
     return outputs
 
 
