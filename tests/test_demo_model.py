@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -82,7 +83,7 @@ def test_prompts_file_is_checked(tmp_path):
     assert "colibri_fw_prompt_ids[] = {\n    256, 49, 43, 50, 61\n};" in header, header
     for bad, why in ((dict(good, generate=0), "generate"), (dict(good, prompts=[[]]), "prompt 0"),
                      (dict(good, prompts=[[1, -2]]), "-2"), (dict(good, stop=[True]), "stop"),
-                     ({"prompts": [[1]]}, "keys"), ("[1,", "not JSON")):
+                     ({"prompts": [[1]]}, "keys"), ("[1,", "not JSON"), ("[" * 100000, "nested")):
         text = bad if isinstance(bad, str) else json.dumps(bad)
         try:
             parse(text, tmp_path / "p.json")
@@ -102,6 +103,12 @@ def test_prompts_file_is_checked(tmp_path):
     assert res2.stderr.strip().splitlines() == [
         "colibri: PROMPTS: target host is not a firmware target (colibri_demo takes its prompt as arguments)"]
     assert not (tmp_path / "build").exists()  # refused before the build directory is made
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # no writer: reading it would block for ever
+    res3 = scons("TARGET=stm32h7", f"PROMPTS={fifo}", build=tmp_path / "build", check=False)
+    assert res3.returncode == 2, res3.stdout + res3.stderr
+    assert res3.stderr.strip().splitlines() == [f"colibri: {fifo}: prompts file is a FIFO, not a regular file"]
+    assert not (tmp_path / "build").exists()
 
 
 def test_demo_model_fits_the_stm32h7_budget(build_model):

@@ -48,6 +48,8 @@ def parse(text: str, path: Path) -> Prompts:
         data = json.loads(text)
     except ValueError as e:
         raise PromptsError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise PromptsError(f"{path}: not JSON (nested too deeply)") from None
     if not isinstance(data, dict) or set(data) != {"generate", "stop", "prompts"}:
         raise PromptsError(f"{path}: expected an object with exactly the keys generate, stop, prompts")
     gen = data["generate"]
@@ -63,10 +65,14 @@ def parse(text: str, path: Path) -> Prompts:
 
 
 def load(path: Path) -> Prompts:
+    """The prompts of a file: a regular file only (a FIFO does not block), bounded in size, UTF-8."""
+    from colibri.codegen.errors import ExportError
+    from colibri.codegen.safeio import read_text
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PromptsError(f"{path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+        text = read_text(path, "prompts file", "calibration")
+    except ExportError as e:
+        raise PromptsError(str(e)) from None
     return parse(text, path)
 
 
