@@ -52,6 +52,12 @@ DECODE = 128
 VOCAB = 50257  # GPT-2's: the size of the one BPE vocabulary llama.cpp ships that its converter recognises
 MOE_SHAPE = dict(layers=8, hidden=1024, ffn=1024, heads=8, kv_heads=2, experts=8, top_k=2, vocab=VOCAB)
 DENSE_SHAPE = dict(layers=22, hidden=1024, ffn=2816, heads=8, kv_heads=2, experts=1, top_k=1, vocab=VOCAB)
+# per family, the real models' layout where llama.cpp takes no other: OLMoE without GQA (its loader sizes k_norm
+# at n_embd: models/olmoe.cpp), DeepSeek-V2 with a q latent (it reads V2 without one only at V2-Lite's 26 or 27
+# layers: models/deepseek2.cpp), gpt-oss with its 128-position sliding window (the converter writes the window
+# as an integer)
+FAMILY_SHAPE: dict[str, dict[str, int]] = {"olmoe": dict(kv_heads=8), "deepseek-v2": dict(q_lora_rank=512),
+                                           "gpt-oss": dict(sliding_window=128)}
 EXPERT_KINDS = ("W_GATE", "W_DOWN", "W_UP")
 NOT_WEIGHTS = ("ROPE_FREQ", "TOKENIZER", "PARAMS")  # derived tensors and sections
 # families whose llama.cpp converter reads only a GPT-2-style BPE tokenizer (TextModel._set_vocab_gpt2), and that
@@ -194,7 +200,7 @@ def med(xs: list[float]) -> str:
 def prepare(arch: str, fam: Path, peer: Path, *, build: bool, llamacpp: bool) -> dict[str, object]:
     """Make a family's files and keep only what the timing needs; returns (and writes to fam/prepared) the record:
     sizes, the demo binary and the GGUF (or why there is none)."""
-    shape = DENSE_SHAPE if arch in DENSE_ARCHES else MOE_SHAPE
+    shape = {**(DENSE_SHAPE if arch in DENSE_ARCHES else MOE_SHAPE), **FAMILY_SHAPE.get(arch, {})}
     check_disk(fam.parent, weights_upper_bound(shape) * PEAK_BYTES_PER_WEIGHT + DISK_MARGIN)
     shutil.rmtree(fam, ignore_errors=True)
     ckpt = fam / f"fam300m_{arch.replace('-', '_')}"
