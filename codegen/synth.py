@@ -201,9 +201,8 @@ def _config(spec: ModelSpec, torch_dtype: str, explicit_head_dim: bool) -> dict[
         **({"sliding_window": None} if spec.arch == "mixtral" else {}),
         "tie_word_embeddings": spec.tied,
         **family,
-        "num_experts_per_tok": spec.top_k,
-        "router_aux_loss_coef": 0.0,
-        "output_router_logits": False,
+        **({} if spec.arch in DENSE_ARCHES else {  # a dense config class has no router keys
+            "num_experts_per_tok": spec.top_k, "router_aux_loss_coef": 0.0, "output_router_logits": False}),
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "bos_token_id": 1,
