@@ -93,7 +93,8 @@ def build_model(tmp_path_factory):
     once for all models (toolchain/scons/linux.py) and one export serves every target of its layout.
     Tests that check null builds, hostile paths or layouts call scons() with a root of their own.
     only=("colibri_demo",) builds just those files of the output directory (what a test runs); a later
-    call without `only` builds the rest."""
+    call without `only` builds the rest. build_model.many(ckpt, quant, targets, *extra, only=()) builds
+    several targets of one model and options in one SCons run."""
     from colibri.toolchain.scons.layout import REGISTRY, target_dir
 
     root = tmp_path_factory.mktemp("build")
@@ -110,23 +111,40 @@ def build_model(tmp_path_factory):
             names[model] = output_dirs(scons(*args, str(root / REGISTRY), build=root))[target].name
         return root / target_dir(target, sanitize, scalar) / names[model]
 
+    def done(key: tuple, only: tuple[str, ...]) -> bool:
+        have = built.get(key, set())
+        return key in built and (have is None or bool(only and set(only) <= have))
+
+    def many(ckpt: Path, quant: str, targets: list[str], *extra: str,
+             only: tuple[str, ...] = ()) -> tuple[dict[str, Path], str]:
+        """The builds of one model and options for several targets in one SCons run (one graph read, the
+        export once, -j2 across the targets): ({target: its output directory}, what the run printed, "" if
+        every build was already there)."""
+        keys = {t: (str(ckpt), quant, t, extra) for t in targets}
+        todo = [t for t in targets if not done(keys[t], only)]
+        stdout = ""
+        if todo:
+            args = (f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={','.join(todo)}", *extra)
+            if only:
+                for t in todo:
+                    dirs[keys[t]] = out_dir(ckpt, quant, t, extra, args)
+                stdout = scons(*args, *(str(dirs[keys[t]] / f) for t in todo for f in only), build=root).stdout
+                for t in todo:
+                    built[keys[t]] = built.get(keys[t], set()) | set(only)
+            else:
+                res = scons(*args, build=root)
+                stdout, found = res.stdout, output_dirs(res)
+                for t in todo:
+                    dirs[keys[t]] = found[t]
+                    names.setdefault(_model_key(ckpt, quant, extra), found[t].name)
+                    built[keys[t]] = None
+        return {t: dirs[keys[t]] for t in targets}, stdout
+
     def get(ckpt: Path, quant: str = "int8c", target: str = "host", *extra: str,
             only: tuple[str, ...] = ()) -> Path:
-        key = (str(ckpt), quant, target, extra)
-        have = built.get(key, set())
-        if key in built and (have is None or (only and set(only) <= have)):
-            return dirs[key]
-        args = (f"MODEL={ckpt}", f"QUANT={quant}", f"TARGET={target}", *extra)
-        if only:
-            dirs[key] = out_dir(ckpt, quant, target, extra, args)
-            scons(*args, *(str(dirs[key] / f) for f in only), build=root)
-            built[key] = have | set(only)
-        else:
-            dirs[key] = output_dirs(scons(*args, build=root))[target]
-            names.setdefault(_model_key(ckpt, quant, extra), dirs[key].name)
-            built[key] = None
-        return dirs[key]
+        return many(ckpt, quant, [target], *extra, only=only)[0][target]
 
+    get.many = many
     get.root = root  # for tests that run scons themselves on the shared root (another model, null builds)
     return get
 
@@ -136,9 +154,12 @@ def build_model(tmp_path_factory):
 # audits test_cross's builds). The files that take longest start first, so the two workers finish
 # together rather than one waiting on a long file picked up last; the others keep their order.
 XDIST_GROUP = {"test_size": "test_cross"}
-LONGEST_FIRST = ("test_cross", "test_size", "test_tokenizer", "test_int4", "test_kv", "test_kernels", "test_fuzz",
-                 "test_firmware_kernels", "test_firmware", "test_spine", "test_families", "test_fuzz_export",
-                 "test_badblob", "test_fuzz_size", "test_export")
+# by each file's total in a full run with --durations=0 (under load, 2 workers): the 25 files over 100 s
+LONGEST_FIRST = ("test_cross", "test_size", "test_dense", "test_project", "test_kv", "test_granite", "test_mla",
+                 "test_families", "test_gpt_oss", "test_sliding", "test_hostile_build", "test_size_tokenizer",
+                 "test_tokenizer_nfc", "test_kernels", "test_firmware_families", "test_distcc", "test_int4",
+                 "test_firmware", "test_size_markdown", "test_tokenizer", "test_mutation", "test_hostile_export",
+                 "test_spine", "test_partition", "test_sample_model", "test_firmware_kernels")
 
 
 def _group(nodeid: str) -> str:

@@ -25,6 +25,16 @@ ELF_MACHINE = {"x86_64": "Advanced Micro Devices X86-64", "aarch64": "AArch64", 
 PROMPT = [3, 17, 42]
 N_GEN = 16
 SHARED_PROGRAM_OBJECTS = ("demo_common", "colibri_run", "colibri_demo_dl")  # the programs' model-independent objects
+USABLE = [t for t in CROSS if not load_target(t).missing()]  # the targets whose compiler is installed
+
+
+@pytest.fixture(scope="module")
+def cross_builds(cross_ckpt, build_model) -> dict[str, str]:
+    """Every usable Linux target's build of the cross checkpoint, f32 and int8c, each in one SCons run:
+    {quant: what that run printed} (test_all_targets_in_one_run_and_null_build reads the int8c run's)."""
+    return {quant: build_model.many(cross_ckpt, quant, USABLE)[1] for quant in ("int8c", "f32")}
+
+
 @pytest.fixture(scope="module")
 def references(cross_ckpt):
     c = open_checkpoint(cross_ckpt)
@@ -47,7 +57,7 @@ def _parse(lines: list[str]) -> tuple[list[int], np.ndarray]:
 
 @pytest.mark.parametrize("quant", ["f32", "int8c"])
 @pytest.mark.parametrize("target", CROSS)
-def test_target_matches_reference(target, quant, cross_ckpt, references, build_model):
+def test_target_matches_reference(target, quant, cross_ckpt, references, build_model, cross_builds):
     require_target(target)
     out = build_model(cross_ckpt, quant, target)
     spec, src = references
@@ -71,7 +81,7 @@ def _readelf(*args) -> str:
 
 
 @pytest.mark.parametrize("target", CROSS)
-def test_shared_objects_are_hardened(target, cross_ckpt, build_model):
+def test_shared_objects_are_hardened(target, cross_ckpt, build_model, cross_builds):
     require_target(target)
     out = build_model(cross_ckpt, "int8c", target)
     arch = load_target(target).arch
@@ -92,7 +102,7 @@ def test_shared_objects_are_hardened(target, cross_ckpt, build_model):
         assert f"[{so.name}.1]" in dynamic, f"{so.name}: SONAME without the ABI major"
 
 
-def test_pkg_config_app_builds_and_runs_on_target(cross_ckpt, build_model, tmp_path):
+def test_pkg_config_app_builds_and_runs_on_target(cross_ckpt, build_model, cross_builds, tmp_path):
     require_target("rpi4")
     out = build_model(cross_ckpt, "int8c", "rpi4")
     app = tmp_path / "app.c"
@@ -129,26 +139,26 @@ def test_missing_compiler_names_the_package(cross_ckpt, tmp_path):
     assert not (tmp_path / "b" / "ghost").exists()
 
 
-def test_all_targets_in_one_run_and_null_build(build_model, tmp_path):
-    """One scons run for every target exports the model once; a second model compiles only what depends on
-    the model; a rerun is a null build. On the session's shared build root, whose model-independent objects
+def test_all_targets_in_one_run_and_null_build(cross_ckpt, cross_builds, build_model, tmp_path):
+    """One scons run for every target (the int8c run of cross_builds, the first build of the cross
+    checkpoint in the session) exports the model once; a second model compiles only what depends on the
+    model; a rerun is a null build. On the session's shared build root, whose model-independent objects
     other tests have built (or this one builds: the assertions hold either way)."""
-    usable = [t for t in CROSS if not load_target(t).missing()]
+    usable = USABLE
     build = build_model.root
-    ckpt = synth(tmp_path / "allm", **{**CROSS_SHAPE, "seed": 24})
-    res = scons(f"MODEL={ckpt}", f"TARGET={','.join(usable)}", build=build)
-    exports = [line for line in res.stdout.splitlines() if line.startswith("model allm:")]
+    ckpt = cross_ckpt
+    exports = [line for line in cross_builds["int8c"].splitlines() if line.startswith(f"model {ckpt.name}:")]
     assert len(exports) == 1, "the model must be exported once for all targets"
     for t in usable:
-        assert (build / t / "allm" / "colibri_demo").is_file()
-        assert (build / t / "allm" / "compile_commands.json").is_file()
+        assert (build / t / ckpt.name / "colibri_demo").is_file()
+        assert (build / t / ckpt.name / "compile_commands.json").is_file()
     # a second model of one target in the same build directory compiles only what depends on the model;
     # its obj/ holds the same shared objects, with their stack files, as the first's
     other = synth(tmp_path / "other" / "otherm", **{**CROSS_SHAPE, "seed": 22})
     compiled = [line.split()[-1] for line in scons(f"MODEL={other}", f"TARGET={usable[0]}", build=build).stdout
                 .splitlines() if line.startswith("CC ")]
     assert compiled and not [c for c in compiled if "/generic/" in c or Path(c).stem in SHARED_PROGRAM_OBJECTS]
-    first, second = build / usable[0] / "allm" / "obj", build / usable[0] / "otherm" / "obj"
+    first, second = build / usable[0] / ckpt.name / "obj", build / usable[0] / "otherm" / "obj"
     for obj in sorted((first / "generic").glob("*.os")) + [first / f"{o}.o" for o in SHARED_PROGRAM_OBJECTS]:
         assert (second / obj.relative_to(first)).read_bytes() == obj.read_bytes(), obj.name
         assert (second / obj.relative_to(first)).with_suffix(".su").is_file(), obj.name
@@ -159,9 +169,11 @@ def test_all_targets_in_one_run_and_null_build(build_model, tmp_path):
 def test_scalar_builds_agree_bit_for_bit_across_targets(cross_ckpt, build_model):
     """Own exp/sin/cos and no FMA contraction: scalar kernels give the same bits on every ISA."""
     runs = {}
-    for target in one_per_arch(CROSS):
+    targets = one_per_arch(CROSS)
+    for target in targets:
         require_target(target)
-        out = build_model(cross_ckpt, "int8c", target, "KERNELS=scalar", only=("colibri_demo",))
+    outs = build_model.many(cross_ckpt, "int8c", targets, "KERNELS=scalar", only=("colibri_demo",))[0]
+    for target, out in outs.items():
         lines = _run(target, out / "colibri_demo", "--tokens", "3,17,42", "--generate", "8", "--print-logits")
         runs[target] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
     first = next(iter(runs.values()))
@@ -178,11 +190,13 @@ def test_integer_matmuls_give_the_same_bits_everywhere(tmp_path_factory, build_m
     ckpt = synth(tmp_path_factory.mktemp("q8") / "q8m", **Q8_SHAPE)
     args = ("--tokens", "3,17,42", "--generate", "8", "--print-logits")
     runs = {}
-    for target, extra in [("host", ()), ("host", ("KERNELS=scalar",))] + [(t, ()) for t in CROSS]:
+    for target in ["host", *CROSS]:
         require_target(target)
-        out = build_model(ckpt, "int8c", target, *extra, only=("colibri_demo",))
-        lines = _run(target, out / "colibri_demo", *args)
-        runs[f"{target} {' '.join(extra)}"] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
+    for extra, targets in (((), ["host", *CROSS]), (("KERNELS=scalar",), ["host"])):
+        outs = build_model.many(ckpt, "int8c", targets, *extra, only=("colibri_demo",))[0]
+        for target, out in outs.items():
+            lines = _run(target, out / "colibri_demo", *args)
+            runs[f"{target} {' '.join(extra)}"] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
     host = build_model(ckpt, "int8c", "host")
     rows = tmp_path_factory.mktemp("q8rows")
     subprocess.run([str(BIN / "colibri"), "export", str(ckpt), "-o", str(rows), "--layout", "rows", "--no-predict"],
