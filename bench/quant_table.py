@@ -11,6 +11,14 @@ matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the f
 what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of
 the checkpoint: norms, router and everything else kept in f32 included.
 
+Read the mean KL with its two neighbours. In an MoE the mean is carried by the few positions where
+quantization flips a router's choice in some layer (on the random transformers checkpoints of
+bench/hf_checkpoints.py ~13% of positions carry ~85% of it), and which near-ties flip is chance: the same
+int8 quantization with every scale 0.3% larger (the row "int8 scales x1.003", --jitter) moves the mean
+KL by ~25%. "median KL" is the typical position's, which follows the weight error; "flips" (colibri's
+rows: the numpy reference records its routing) is the share of positions whose experts differ from f32's
+in any layer, and "KL w/o flip" the mean over the others.
+
 --llamacpp NAME adds llama.cpp's Q8_0, Q4_0 and Q4_K_M rows from its own logits of
 $PEER/gguf/NAME-{f32,q8_0,q4_0,q4_k_m}.gguf (PEER defaults to /tmp/peer), made by
     ../shared/peer/build_llamacpp.sh --convert CKPT NAME Q4_0 Q4_K_M
@@ -86,28 +94,57 @@ def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None =
     return q
 
 
+def jittered(quantizer: Callable[[str, np.ndarray], QuantTensor], factor: float
+             ) -> Callable[[str, np.ndarray], QuantTensor]:
+    """The int8 quantizer with every scale times `factor`, the values rounded again: the same format and
+    error statistics, another draw of which weights round which way (the table's noise floor)."""
+    def q(name: str, w: np.ndarray) -> QuantTensor:
+        qt = quantizer(name, w)
+        if qt.dtype != "int8" or qt.scales is None:
+            return qt
+        s = (qt.scales.astype(np.float32) * np.float32(factor)).astype(qt.scales.dtype)  # stored as before
+        full = np.repeat(s.astype(np.float32), qt.group_size, axis=1)[:, :qt.cols]
+        qt.scales = s
+        qt.data = np.clip(np.rint(w.reshape(qt.rows, qt.cols) / full), -127, 127).astype(np.int8)
+        return qt
+    return q
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def compare(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
-    """Mean KL(base || other) over positions, and top-1 agreement."""
+def kl_each(base: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """KL(base || other) at each position."""
     p, q = log_softmax(base), log_softmax(other)
-    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1))), float(np.mean(base.argmax(-1) == other.argmax(-1)))
+    return np.sum(np.exp(p) * (p - q), axis=-1)
 
 
 def sequences(vocab: int, n: int, length: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, size=(n, length))
 
 
-def stepwise(ref: Reference, seqs: np.ndarray) -> np.ndarray:
-    """Logits at every position of every sequence, one token at a time."""
+def stepwise(ref: Reference, seqs: np.ndarray, routes: list[tuple] | None = None) -> np.ndarray:
+    """Logits at every position of every sequence, one token at a time; with `routes`, each position's
+    chosen experts of every MoE layer appended to it."""
     out = []
     for s in seqs:
         ref.reset()
-        out += [ref.forward([int(t)]) for t in s]
+        for t in s:
+            out.append(ref.forward([int(t)]))
+            if routes is not None:
+                routes.append(tuple(tuple(sorted(np.asarray(r).ravel().tolist())) for r in ref.routing))
     return np.array(out, dtype=np.float32)
+
+
+def row(label: str, bits: float, base: np.ndarray, logits: np.ndarray, flips: np.ndarray | None = None) -> str:
+    """One line of the table; flips: whether each position's routing differs from f32's."""
+    kl = kl_each(base, logits)
+    top1 = float(np.mean(base.argmax(-1) == logits.argmax(-1)))
+    tail = ("      —           —" if flips is None else
+            f" {np.mean(flips):6.1%} {np.mean(kl[~flips]) if (~flips).any() else 0.0:11.3e}")
+    return f"{label:<24} {bits:7.3f} {np.mean(kl):10.3e} {np.median(kl):10.3e} {top1:7.2%}{tail}"
 
 
 def llamacpp_logits(tool: Path, gguf: Path, seqs: np.ndarray) -> np.ndarray:
@@ -175,6 +212,8 @@ def main() -> int:
     ap.add_argument("--len", type=int, default=16, dest="length")
     ap.add_argument("--llamacpp", metavar="NAME", default=None)
     ap.add_argument("--logits-tool", type=Path, default=PEER / "tools" / "logits")
+    ap.add_argument("--jitter", type=float, default=0.003,
+                    help="the noise-floor row: int8 with every scale times 1 + JITTER (0: no such row)")
     a = ap.parse_args()
     c = open_checkpoint(a.ckpt)
     spec = c.spec
@@ -183,24 +222,29 @@ def main() -> int:
     seqs = sequences(spec.vocab, a.seqs, a.length)
     max_seq = a.length + 1
     t0 = time.perf_counter()
-    base = stepwise(Reference(spec, weights, max_seq=max_seq), seqs)
-    print(f"checkpoint {a.ckpt}: {n_weights:,} weights, {len(base)} positions ({a.seqs} x {a.length})"
-          )
-    print(f"{'variant':<22} {'bits/w':>7} {'mean KL':>10} {'top-1':>7}  decode tok/s")
-    for label, quant, g, int_act, attn in VARIANTS:
-        qw = QuantWeights(weights, exporter_quantizer(quant, g, attn), int_activations=int_act)
-        logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs)
-        kl, top1 = compare(base, logits)
-        print(f"{'colibri ' + label:<22} {qw.bits / n_weights:7.3f} {kl:10.3e} {top1:7.2%}  (bench/speed.py)",
-              flush=True)
+    base_routes: list[tuple] = []
+    base = stepwise(Reference(spec, weights, max_seq=max_seq), seqs, base_routes)
+    print(f"checkpoint {a.ckpt}: {n_weights:,} weights, {len(base)} positions ({a.seqs} x {a.length}); "
+          "decode tok/s: bench/speed.py")
+    print(f"{'variant':<24} {'bits/w':>7} {'mean KL':>10} {'median KL':>10} {'top-1':>7} {'flips':>6} "
+          f"{'KL w/o flip':>11}")
+    jitter = (("int8 scales x%.3f" % (1 + a.jitter), "int8", 0, True, None),) if a.jitter else ()
+    for label, quant, g, int_act, attn in VARIANTS + jitter:
+        quantizer = exporter_quantizer(quant, g, attn)
+        if label.startswith("int8 scales"):
+            quantizer = jittered(quantizer, 1 + a.jitter)
+        qw = QuantWeights(weights, quantizer, int_activations=int_act)
+        routes: list[tuple] = []
+        logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
+        flips = np.array([x != y for x, y in zip(base_routes, routes or base_routes, strict=True)])
+        print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
     for label, suffix in LLAMACPP if a.llamacpp else ():
         gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
         if not gguf.is_file() or not a.logits_tool.is_file():
             print(f"{'llama.cpp ' + label:<22} not run: no {gguf if not gguf.is_file() else a.logits_tool}")
             continue
-        kl, top1 = compare(base, llamacpp_logits(a.logits_tool, gguf, seqs))
         bits = 8 * gguf_tensor_bytes(gguf) / n_weights
-        print(f"{'llama.cpp ' + label:<22} {bits:7.3f} {kl:10.3e} {top1:7.2%}  (bench/speed.py)", flush=True)
+        print(row("llama.cpp " + label, bits, base, llamacpp_logits(a.logits_tool, gguf, seqs)), flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 
