@@ -11,13 +11,13 @@ matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the f
 what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of
 the checkpoint: norms, router and everything else kept in f32 included.
 
-Read the mean KL with its two neighbours. In an MoE the mean is carried by the few positions where
-quantization flips a router's choice in some layer (on the random transformers checkpoints of
-bench/hf_checkpoints.py ~13% of positions carry ~85% of it), and which near-ties flip is chance: the same
-int8 quantization with every scale 0.3% larger (the row "int8 scales x1.003", --jitter) moves the mean
-KL by ~25%. "median KL" is the typical position's, which follows the weight error; "flips" (colibri's
-rows: the numpy reference records its routing) is the share of positions whose experts differ from f32's
-in any layer, and "KL w/o flip" the mean over the others.
+Read the mean KL with its two neighbours. In an MoE the mean is carried by the positions where
+quantization flips a router's choice in some layer (int8 on the three checkpoints of
+bench/hf_checkpoints.py: 16-53% of the positions carry 86-87% of it), and which near-ties flip is
+chance: the same int8 quantization with every scale 0.3% larger (the row "int8 scales x1.003",
+--jitter) moves the mean KL by 1-14% there. "median KL" is the typical position's, which follows the
+weight error; "flips" (colibri's rows: the numpy reference records its routing) is the share of
+positions whose experts differ from f32's in any layer, and "KL w/o flip" the mean over the others.
 
 --llamacpp NAME adds llama.cpp's Q8_0, Q4_0 and Q4_K_M rows from its own logits of
 $PEER/gguf/NAME-{f32,q8_0,q4_0,q4_k_m}.gguf (PEER defaults to /tmp/peer), made by
