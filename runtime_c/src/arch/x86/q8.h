@@ -113,9 +113,11 @@ static inline __m512i cb_tile_isum(const int8_t *w, const int8_t *q, int32_t s)
 /* acc[16] (one lane per row of the tile) over every block, as the scalar kernel orders it */
 typedef __m512 cb_tile_acc;
 
-static __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq, cb_outl_pend *p)
+#define CB_HAS_Q8_PEND 1 /* cb_tile_dot takes p: the previous tile's corrections, a few per block */
+
+static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq,
+                                                                 cb_outl_pend *p)
 {
-    (void)p; /* no CB_HAS_Q8_PEND */
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
     __m512 acc = _mm512_setzero_ps(), sc = acc;
@@ -127,6 +129,8 @@ static __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq, cb_o
             left = per_group;
         }
         __m512 f = _mm512_cvtepi32_ps(cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, xq->s[b]));
+        if (p)
+            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         f = _mm512_mul_ps(f, _mm512_set1_ps(xq->d[b]));
         acc = _mm512_add_ps(acc, _mm512_mul_ps(f, sc));
     }
