@@ -154,12 +154,14 @@ def build_model(tmp_path_factory):
 # audits test_cross's builds). The files that take longest start first, so the two workers finish
 # together rather than one waiting on a long file picked up last; the others keep their order.
 XDIST_GROUP = {"test_size": "test_cross"}
-# by each file's total in a full run with --durations=0 (under load, 2 workers): the 25 files over 100 s
+# by each file's total in a full run with --durations=0 (under load, 2 workers): the 25 files over 100 s; from
+# test_int4 on, reordered by single-file runs after test_kernels, test_spine, test_hostile_build and
+# test_size_tokenizer were made shorter
 LONGEST_FIRST = ("test_cross", "test_size", "test_dense", "test_project", "test_kv", "test_granite", "test_mla",
-                 "test_families", "test_gpt_oss", "test_sliding", "test_hostile_build", "test_size_tokenizer",
-                 "test_tokenizer_nfc", "test_kernels", "test_firmware_families", "test_distcc", "test_int4",
-                 "test_firmware", "test_size_markdown", "test_tokenizer", "test_mutation", "test_hostile_export",
-                 "test_spine", "test_partition", "test_sample_model", "test_firmware_kernels")
+                 "test_families", "test_gpt_oss", "test_sliding", "test_int4", "test_firmware", "test_kernels",
+                 "test_distcc", "test_tokenizer_nfc", "test_firmware_families", "test_spine", "test_hostile_build",
+                 "test_size_markdown", "test_tokenizer", "test_mutation", "test_hostile_export", "test_size_tokenizer",
+                 "test_partition", "test_sample_model", "test_firmware_kernels")
 
 
 def _group(nodeid: str) -> str:

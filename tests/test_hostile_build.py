@@ -170,11 +170,12 @@ def _wait_for(pred, what: str, limit: float = 120.0) -> None:
 
 def test_concurrent_builds_of_one_model_wait_for_each_other(tmp_path):
     """Two builds at once in one build directory: the second waits (one line) instead of compiling
-    against an export the first is replacing. The test holds the lock so both are seen waiting."""
+    against an export the first is replacing. The test holds the lock so both are seen waiting. The lock is
+    the whole run's, whatever it builds: the blob alone (the export, no compile) shows it."""
     ckpt = synth(tmp_path / "m", **TINY)
     build = tmp_path / "b"
     build.mkdir()
-    lib = build / "host" / "m" / "libcolibri_m.a"
+    blob = build / "gen" / "m" / "int8c" / "model.bin"
     lock = _hold(build / ".colibri.lock")
     logs = [tmp_path / f"scons{i}.log" for i in range(2)]
     procs = []
@@ -182,7 +183,7 @@ def test_concurrent_builds_of_one_model_wait_for_each_other(tmp_path):
         for log in logs:
             with open(log, "w") as f:
                 procs.append(subprocess.Popen(
-                    [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={build}", f"MODEL={ckpt}", str(lib)],
+                    [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={build}", f"MODEL={ckpt}", str(blob)],
                     stdout=f, stderr=subprocess.STDOUT, text=True))
         for log in logs:
             _wait_for(lambda log=log: "colibri: waiting for another build" in log.read_text(), f"{log.name} to wait")
@@ -196,7 +197,7 @@ def test_concurrent_builds_of_one_model_wait_for_each_other(tmp_path):
     assert all(t.count("colibri: waiting for") == 1 for t in texts)
     exports = [t.count("EXPORT m ") for t in texts]
     assert sorted(exports) == [0, 1], f"the model must be exported once: {texts}"
-    assert lib.is_file()
+    assert blob.is_file()
 
 
 def test_colliding_names_and_options_get_their_own_outputs(tmp_path):

@@ -18,7 +18,7 @@
  * and cb_softmax, must equal their rules written out in plain loops, bit for bit.
  *
  * Prints "kernels_test <isa>: <cases> cases, <outputs> outputs, max rel err <e>"
- * and exits 1 on the first failure.
+ * and exits 1 on the first failure. `kernels_test quick` runs the matrices of 1 and 5 rows only.
  *
  * Built with -DCB_TEST_BARE_METAL (tests/test_firmware_kernels.py) it is a firmware image's main,
  * booted under the target's QEMU as kernels_q8_test.c is: no heap (every block of a case comes
@@ -486,8 +486,18 @@ static int check_f16(void)
     return 0;
 }
 
+#if defined(CB_TEST_BARE_METAL)
 int main(void)
 {
+    const int quick = 0;
+#else
+int main(int argc, char **argv)
+{
+    /* `kernels_test quick`: the matrices of 1 and 5 rows only (a row alone, a 4-row block and one more),
+     * every column count, group and weight type, and every other check: for runs that vary what the
+     * columns split into (tests/test_kernels.py's RVV vector lengths beyond the first), not the rows */
+    const int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+#endif
     static const size_t rows_list[] = {1, 3, 4, 5, 8, 9, 13};
 #if defined(CB_TEST_BARE_METAL)
     static const size_t cols_list[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 64, 65, 100, 255, 256, 257};
@@ -506,6 +516,8 @@ int main(void)
                 for (size_t gi = 0; gi < (kind >= KIND_I8_F32S ? sizeof group_list / sizeof *group_list : 1); gi++)
                     for (int onehot = 0; onehot < 2; onehot++) {
                         size_t rows = rows_list[ri], cols = cols_list[ci];
+                        if (quick && rows != 1 && rows != 5)
+                            continue;
                         size_t group = group_list[gi] && group_list[gi] < cols ? group_list[gi] : cols;
                         if (gi && group == cols)
                             continue; /* the per-row case, done at gi = 0 */
