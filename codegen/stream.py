@@ -16,7 +16,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import QuantTensor, quant_error, quantize, sum_squares
+import numpy as np
+
+from .quantize import QuantTensor, quantize_measured, sum_squares
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -66,19 +68,24 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     w = source.get(name)
     tq = tensor_quant(name, quant, attn_quant)
     frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
-    qt = quantize(w, tq, group_size=group_size, outlier_frac=frac)
+    qt, sq_err = quantize_measured(w, tq, group_size=group_size, outlier_frac=frac)
     norm2 = sum_squares(w)
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
-        "rel_error": quant_error(w, qt, norm2), "n_outliers": qt.n_outliers,
+        "rel_error": _rel(sq_err, norm2), "n_outliers": qt.n_outliers,
     }
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
-        alt = quantize(w, other, group_size=group_size, outlier_frac=frac)
-        row[f"rel_error_{other}"] = quant_error(w, alt, norm2)
+        row[f"rel_error_{other}"] = _rel(quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1],
+                                         norm2)
     return Quantized(name, qt, row, norm2)
+
+
+def _rel(sq_err: float, norm2: float) -> float:
+    """quantize.quant_error from the squared error."""
+    return float(np.sqrt(sq_err / norm2)) if norm2 else 0.0
 
 
 def pool_workers(n_params: int, requested: int = 0) -> int:
