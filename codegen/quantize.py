@@ -295,8 +295,7 @@ def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray
     rms = np.concatenate([_group_rms(mag[c], g) for c in chunks]).reshape(rows, -1)
 
     def scores_at(flat: np.ndarray) -> np.ndarray:  # the same float64 quotients as the whole score array
-        r, col = np.divmod(flat, cols)
-        return mag[r, col] / rms[r, col // g]
+        return mag.reshape(-1)[flat] / rms.reshape(-1)[flat // cols * rms.shape[1] + flat % cols // g]
 
     def every_score() -> np.ndarray:  # in memory order, by row chunks
         return np.concatenate([(_padded_groups(mag[c], g, np.nan) / rms[c][:, :, None])
@@ -304,7 +303,8 @@ def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray
 
     cand = idx = None
     if lean or n >= 64 * SAMPLE_STEP:
-        sample = scores_at(np.arange(0, n, SAMPLE_STEP))
+        at = np.arange(0, n, SAMPLE_STEP)
+        sample = mag.reshape(-1)[::SAMPLE_STEP] / rms.reshape(-1)[at // cols * rms.shape[1] + at % cols // g]
         j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
         bound = np.partition(sample, sample.size - j)[sample.size - j]
         vals, where = [], []
