@@ -266,8 +266,9 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | N
             ov = np.clip(wc[local] - deq[local], -F16_MAX, F16_MAX).astype(np.float16)
             ovals.append(ov)
             deq[local] += ov.astype(np.float32)
-        if measure:
-            d = np.subtract(wc, deq, dtype=np.float64)
+        if measure:  # both sides widened first: a float64 subtraction of float32 operands casts slowly
+            d = wc.astype(np.float64)
+            d -= deq.astype(np.float64)
             total += float(np.sum(np.square(d, out=d).reshape(-1, cols)))
     oval = None if idx is None else (np.concatenate(ovals) if ovals else np.zeros(0, dtype=np.float16))
     return q, oval, total if measure else None
