@@ -26,6 +26,7 @@ INFLIGHT_PER_WORKER = 2
 # More tensors go out while those in flight behind the oldest hold fewer weights than it and than this: a
 # large tensor (an embedding) at the head keeps the other workers busy instead of idle behind it.
 INFLIGHT_WEIGHTS = 48_000_000
+EARLY_LAST_WEIGHTS = 4_000_000  # a last tensor of this many weights is submitted second (quantize_all)
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,18 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
     ctx = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source,))
     size = _weights_of(source)
+
+    def submit(name: str) -> Future[Quantized]:
+        return pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant)
+
     try:
         todo = deque(names)
         pending: deque[tuple[int, Future[Quantized]]] = deque()
+        # a large last tensor (an untied lm_head) goes out once the first tensor (the embedding, as large)
+        # is done, not alone at the end with the other workers idle; its result waits for its turn (about
+        # a byte a weight)
+        last = todo.pop() if len(todo) > 2 and size(todo[-1]) >= EARLY_LAST_WEIGHTS else None
+        early: Future[Quantized] | None = None
 
         def room() -> bool:
             if len(pending) < INFLIGHT_PER_WORKER * workers:
@@ -133,8 +143,12 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
         while todo or pending:
             while todo and room():
                 name = todo.popleft()
-                pending.append((size(name), pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant)))
+                pending.append((size(name), submit(name)))
             yield pending.popleft()[1].result()
+            if last is not None and early is None:
+                early = submit(last)
+        if early is not None:
+            yield early.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
