@@ -143,11 +143,13 @@ def _chunked_sq_diff(w2: np.ndarray, qt: QuantTensor) -> float:
 
 
 def sum_squares(w: np.ndarray) -> float:
-    """sum(W^2) in float64."""
-    if w.size < LEAN_MIN_WEIGHTS:
-        return float(np.sum(w.astype(np.float64) ** 2))
-    w2 = w.reshape(-1, w.shape[-1])
-    return sum(float(np.sum(np.square(w2[c].astype(np.float64)))) for c in _row_chunks(*w2.shape))
+    """sum(W^2) in float64, by row chunks whose float64 copy stays in the cache."""
+    w2 = w.reshape(-1, w.shape[-1]) if w.ndim > 1 else w.reshape(1, -1)
+    total = 0.0
+    for c in _row_chunks(*w2.shape, ERROR_CHUNK_WEIGHTS):
+        sq = w2[c].astype(np.float64)
+        total += float(np.sum(np.square(sq, out=sq)))
+    return total
 
 
 def quant_error(w: np.ndarray, qt: QuantTensor, norm2: float) -> float:
@@ -293,7 +295,9 @@ def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray
     rows, cols = mag.shape
     n = mag.size
     chunks = _row_chunks(rows, cols)
-    rms = np.concatenate([_group_rms(mag[c], g) for c in chunks]).reshape(rows, -1)
+    # by smaller chunks, whose float64 squares stay in the cache (the same sums: each group's own)
+    rms = np.concatenate([_group_rms(mag[c], g) for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)])
+    rms = rms.reshape(rows, -1)
 
     def scores_at(flat: np.ndarray) -> np.ndarray:  # the same float64 quotients as the whole score array
         return mag.reshape(-1)[flat] / rms.reshape(-1)[flat // cols * rms.shape[1] + flat % cols // g]
