@@ -39,6 +39,7 @@ MAX_GAP = 0xFFFF
 LEAN_MIN_WEIGHTS = 4_000_000
 CHUNK_WEIGHTS = 1 << 20
 ERROR_CHUNK_WEIGHTS = 1 << 16  # error sums go by chunks that stay in the cache
+INT4_CHUNK_WEIGHTS = 1 << 16  # the int4 scale search goes by chunks whose float64 temporaries stay in the cache
 SAMPLE_STEP = 16  # outlier selection: every 16th score estimates a bound below the threshold
 
 
@@ -396,7 +397,7 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
         mask = _outlier_mask(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
-    for c in _row_chunks(rows, cols):
+    for c in _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS):  # groups are independent: any chunking gives the same
         wc = w2[c] if mask is None else np.where(mask[c], 0.0, w2[c]).astype(np.float32)
         scales[c], q[c] = _int4_groups(wc, cols)
     if mask is not None:  # the corrected entries get their own nearest value too, the residual goes to E
@@ -428,19 +429,26 @@ def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     best_err = np.full(groups.shape[:2], np.inf, dtype=np.float64)
     best_s = np.zeros(groups.shape[:2], dtype=np.float32)
     best_q = np.zeros(groups.shape, dtype=np.int8)
+    # the float64 arithmetic of mixed float32/float64 operands, on operands widened once, in place
+    g64 = groups.astype(np.float64)
+    q, tmp = np.empty(groups.shape), np.empty(groups.shape)
     for t in INT4_CANDIDATES:
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(peak != 0, t / peak, 0.0)
-        q = np.clip(np.rint(groups * inv), -8, 7)
-        qq = np.sum(q * q, axis=2)
+        np.multiply(g64, inv, out=q)
+        np.rint(q, out=q)
+        np.clip(q, -8, 7, out=q)
+        qq = np.sum(np.multiply(q, q, out=tmp), axis=2)
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(qq > 0, np.sum(groups * q, axis=2) / qq, 0.0).astype(np.float32)
+            s = np.where(qq > 0, np.sum(np.multiply(g64, q, out=tmp), axis=2) / qq, 0.0).astype(np.float32)
         s = _as_stored(s)
-        err = np.sum(np.square(groups - s[..., None] * q, dtype=np.float64), axis=2)
+        np.multiply(s[..., None], q, out=tmp)
+        np.subtract(g64, tmp, out=tmp)
+        err = np.sum(np.square(tmp, out=tmp), axis=2)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_s = np.where(better, s, best_s)
-        best_q = np.where(better[..., None], q, best_q).astype(np.int8)
+        np.copyto(best_q, q, where=better[..., None], casting="unsafe")
     rows = w.shape[0]
     return best_s, best_q.reshape(rows, -1)[:, :cols]
 
