@@ -156,14 +156,18 @@ class SafetensorsFile:
             raise self._fail(f"dtype {info.dtype}, not U8", name)
         return self._read_into(name, np.empty(info.shape, dtype=np.uint8))
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as a new, writable float32 array (F32, F16 and BF16 only)."""
+    def read(self, name: str, mapped: bool = False) -> np.ndarray:
+        """The tensor as a new, writable float32 array (F32, F16 and BF16 only). With `mapped` an F32
+        tensor is the file's pages themselves (a private mapping, copied only where written to), which
+        holds a file descriptor while the array lives: for arrays used and dropped one at a time."""
         info = self.tensors[name]
         if info.dtype not in _NUMPY_DTYPES:
             raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
-        if info.dtype == "F32":  # the file's pages themselves, copied only where written to
-            return self._mapped(name).astype(np.float32, copy=False)
-        raw = self._mapped(name)
+        if info.dtype == "F32":
+            if mapped:
+                return self._mapped(name).astype(np.float32, copy=False)
+            return self._read_into(name, np.empty(info.shape, dtype="<f4")).astype(np.float32, copy=False)
+        raw = self._mapped(name)  # widened into a new array below: the mapping goes with `raw`
         if info.dtype == "BF16":  # the bf16 bits are the high half of the f32's
             out = np.empty(info.shape, dtype=np.uint32)
             np.left_shift(raw.astype(np.uint16, copy=False), 16, out=out, dtype=np.uint32)

@@ -65,8 +65,9 @@ def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
 
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,
                     attn_quant: str | None = None) -> Quantized:
-    """Read one tensor from `source` (anything with get(name)), quantize it and measure its error."""
-    w = source.get(name)
+    """Read one tensor from `source` (anything with get(name); get_mapped(name) is used if it has one),
+    quantize it and measure its error."""
+    w = getattr(source, "get_mapped", source.get)(name)
     tq = tensor_quant(name, quant, attn_quant)
     frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
     qt, sq_err = quantize_measured(w, tq, group_size=group_size, outlier_frac=frac)

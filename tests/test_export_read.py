@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.errors import ExportError
 from colibri.codegen.quantize import LEAN_MIN_WEIGHTS, quantize
 from colibri.codegen.safetensors_reader import SafetensorsFile
+from colibri.codegen.spec import canonical_names
+
+from conftest import synth
 
 
 def _sha(path: Path) -> str:
@@ -33,12 +37,35 @@ def test_read_matches_the_library_is_writable_and_leaves_the_file_untouched(tmp_
     want = load_file(str(path))
     f = SafetensorsFile(path)
     for name in tensors:
-        got = f.read(name)
-        assert got.dtype == np.float32 and got.shape == want[name].shape
-        assert np.array_equal(got, want[name].astype(np.float32)), name
-        got[...] = 7.0  # a new array as far as the caller can tell: writable, its writes its own
-        assert np.array_equal(f.read(name), want[name].astype(np.float32)), name
+        for mapped in (False, True):
+            got = f.read(name, mapped=mapped)
+            assert got.dtype == np.float32 and got.shape == want[name].shape
+            assert np.array_equal(got, want[name].astype(np.float32)), (name, mapped)
+            got[...] = 7.0  # a new array as far as the caller can tell: writable, its writes its own
+            assert np.array_equal(f.read(name, mapped=mapped), want[name].astype(np.float32)), (name, mapped)
     assert _sha(path) == before
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_held_tensors_hold_no_file_descriptor(tmp_path, dtype):
+    """Checkpoint.get's arrays may be kept by the hundred (the reference keeps every tensor): they are
+    copies, not mappings holding a descriptor each; get_mapped's (the exporter's, one at a time) give
+    the same values and let theirs go with the array."""
+    ckpt = open_checkpoint(synth(tmp_path / "c", layers=2, hidden=32, ffn=32, heads=2, kv_heads=1, experts=4,
+                                 top_k=2, vocab=64, seed=3, dtype=dtype))
+    names = canonical_names(ckpt.spec)
+    before = _open_fds()
+    held = [ckpt.get(n) for n in names]
+    assert _open_fds() == before
+    for name, w in zip(names, held, strict=True):
+        m = ckpt.get_mapped(name)
+        assert np.array_equal(m, w), name
+        del m
+    assert _open_fds() == before
 
 
 def _unaligned_file(path: Path, arrays: dict[str, np.ndarray], dtype: str) -> None:
@@ -64,13 +91,14 @@ def test_read_of_unaligned_data(tmp_path, dtype, np_dtype):
         assert np.array_equal(f.read(name), a.astype(np.float32)), name
 
 
-def test_read_of_a_file_truncated_after_it_was_opened(tmp_path):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_read_of_a_file_truncated_after_it_was_opened(tmp_path, mapped):
     path = tmp_path / "model.safetensors"
     save_file({"w": np.ones((64, 64), dtype=np.float32)}, str(path))
     f = SafetensorsFile(path)
     os.truncate(path, path.stat().st_size - 100)
     with pytest.raises(ExportError) as info:
-        f.read("w")
+        f.read("w", mapped=mapped)
     msg = str(info.value)
     assert msg.startswith(f"{path}: ") and "tensor w: " in msg and "truncated" in msg and "\n" not in msg, msg
 
