@@ -121,6 +121,14 @@ class Checkpoint:
 
     def get(self, name: str) -> np.ndarray:
         """Read one canonical tensor as a new float32 array; ExportError on NaN/Inf. KeyError if unknown."""
+        return self._get(name, mapped=False)
+
+    def get_mapped(self, name: str) -> np.ndarray:
+        """get(), but an F32 tensor read as is may be a private mapping of its file (no copy), which holds a
+        file descriptor while it lives: for a tensor used and dropped at once, as the exporter does."""
+        return self._get(name, mapped=True)
+
+    def _get(self, name: str, mapped: bool) -> np.ndarray:
         f, info = self._sources[name]
         view = self._views.get(name)
         if name in self._mxfp4:  # dequantized as transformers does; one expert's part when the view picks one
@@ -131,7 +139,7 @@ class Checkpoint:
                 view = replace(view, index=view.index[1:])
             arr = mxfp4.dequantize(blocks, sc)
         else:
-            arr = f.read(info.name)
+            arr = f.read(info.name, mapped=mapped)
         scale = weight_scale(self.spec, name)  # YaRN's attention factor on q and k (codegen/rope.py)
         if view is not None:
             arr = arr[view.index] if view.index else arr

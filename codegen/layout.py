@@ -88,9 +88,14 @@ def padded_rows(rows: int) -> int:
 def tile(q: np.ndarray) -> np.ndarray:
     """(rows, cols) int8 -> the tiled16 byte order, rows padded with zeros; cols % TILE_COLS == 0."""
     rows, cols = q.shape
-    p = np.zeros((padded_rows(rows), cols), dtype=q.dtype)
-    p[:rows] = q
-    return np.ascontiguousarray(p.reshape(-1, TILE_ROWS, cols // TILE_COLS, TILE_COLS).transpose(0, 2, 1, 3))
+    if rows % TILE_ROWS:
+        p = np.zeros((padded_rows(rows), cols), dtype=q.dtype)
+        p[:rows] = q
+    else:
+        p = np.ascontiguousarray(q)
+    # each run of TILE_COLS bytes moves as one element (a 4-byte void), not byte by byte
+    runs = p.reshape(-1, TILE_ROWS, cols // TILE_COLS, TILE_COLS).view(np.dtype((np.void, TILE_COLS * q.itemsize)))
+    return np.ascontiguousarray(runs.transpose(0, 2, 1, 3)).view(q.dtype)
 
 
 def tile_scales(s: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ MAX_GAP = 0xFFFF
 LEAN_MIN_WEIGHTS = 4_000_000
 CHUNK_WEIGHTS = 1 << 20
 ERROR_CHUNK_WEIGHTS = 1 << 16  # error sums go by chunks that stay in the cache
+INT4_CHUNK_WEIGHTS = 1 << 16  # the int4 scale search goes by chunks whose float64 temporaries stay in the cache
 SAMPLE_STEP = 16  # outlier selection: every 16th score estimates a bound below the threshold
 
 
@@ -143,11 +144,13 @@ def _chunked_sq_diff(w2: np.ndarray, qt: QuantTensor) -> float:
 
 
 def sum_squares(w: np.ndarray) -> float:
-    """sum(W^2) in float64."""
-    if w.size < LEAN_MIN_WEIGHTS:
-        return float(np.sum(w.astype(np.float64) ** 2))
-    w2 = w.reshape(-1, w.shape[-1])
-    return sum(float(np.sum(np.square(w2[c].astype(np.float64)))) for c in _row_chunks(*w2.shape))
+    """sum(W^2) in float64, by row chunks whose float64 copy stays in the cache."""
+    w2 = w.reshape(-1, w.shape[-1]) if w.ndim > 1 else w.reshape(1, -1)
+    total = 0.0
+    for c in _row_chunks(*w2.shape, ERROR_CHUNK_WEIGHTS):
+        sq = w2[c].astype(np.float64)
+        total += float(np.sum(np.square(sq, out=sq)))
+    return total
 
 
 def quant_error(w: np.ndarray, qt: QuantTensor, norm2: float) -> float:
@@ -178,30 +181,49 @@ def quantize(
 ) -> QuantTensor:
     """Quantize a float32 matrix (or vector, as one row). group_size 0 means per row (int4: always
     INT4_GROUP); outlier_frac None: default_outlier_frac(quant)."""
+    return _quantize(w, quant, group_size, outlier_frac, measure=False)[0]
+
+
+def quantize_measured(
+    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None
+) -> tuple[QuantTensor, float]:
+    """quantize() and qt.squared_error(w), the error (int8, int8c) summed in the pass that quantizes:
+    the same float64 differences in the same chunks as squared_error, so the same sum."""
+    qt, sq = _quantize(w, quant, group_size, outlier_frac, measure=True)
+    if sq is None:
+        sq = qt.squared_error(w)
+    return qt, sq
+
+
+def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | None,
+              measure: bool) -> tuple[QuantTensor, float | None]:
     if outlier_frac is None:
         outlier_frac = default_outlier_frac(quant)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1]) if w.ndim else w
     rows, cols = w2.shape
     if quant == "f32":
-        return QuantTensor("f32", rows, cols, w2)
+        return QuantTensor("f32", rows, cols, w2), None
     if quant == "f16":
-        return QuantTensor("f16", rows, cols, w2.astype(np.float16))
+        return QuantTensor("f16", rows, cols, w2.astype(np.float16)), None
     if quant in INT4_QUANTS:
-        return _quantize_int4(w2, quant, outlier_frac)
+        return _quantize_int4(w2, quant, outlier_frac), None
     if quant not in ("int8", "int8c"):
         raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
     g = cols if group_size <= 0 or group_size >= cols else group_size
     n_out = int(outlier_frac * rows * cols) if quant == "int8c" else 0
-    select = _outlier_mask_lean if w2.size >= LEAN_MIN_WEIGHTS else _outlier_mask
-    mask = select(w2, g, n_out) if n_out else None
-    scales = _group_scales(w2, g, mask)
-    q = _int8_values(w2, scales, g)
+    mask = mag = None
+    if n_out:
+        mag = np.abs(w2)
+        mask = _outlier_mask(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
+    scales = _group_scales(w2, g, mask, mag)
+    idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32) if mask is not None else None
+    del mask, mag
+    q, oval, sq = _int8_values(w2, scales, g, idx, measure)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales)
-    if mask is not None:
-        idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32)
+    if idx is not None:
         qt.oidx = idx
-        qt.oval = _residuals(w2, scales.astype(np.float32), g, q, idx)
-    return qt
+        qt.oval = oval
+    return qt, sq
 
 
 def _residuals(w2: np.ndarray, s32: np.ndarray, g: int, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -211,8 +233,11 @@ def _residuals(w2: np.ndarray, s32: np.ndarray, g: int, q: np.ndarray, idx: np.n
     return np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
 
 
-def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int) -> np.ndarray:
-    """rint(W / S) clipped to [-127, 127] (0 where S is 0), by row chunks; f32 division as a whole matrix."""
+def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | None, measure: bool
+                 ) -> tuple[np.ndarray, np.ndarray | None, float | None]:
+    """rint(W / S) clipped to [-127, 127] (0 where S is 0), by row chunks; f32 division as a whole matrix.
+    With idx (sorted flat indices) also the corrections W - S*Q there (_residuals); with `measure` also
+    sum((W - S*Q - E)^2) in float64, chunk by chunk as _chunked_sq_diff sums it (None if not measured)."""
     rows, cols = w2.shape
     s32 = scales.astype(np.float32)
     n_groups = s32.shape[1]
@@ -220,8 +245,11 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int) -> np.ndarray:
         s_full = np.repeat(s32, g, axis=1)[:, :cols]
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where(s_full > 0, np.rint(w2 / s_full), 0.0)
-        return np.clip(q, -127, 127).astype(np.int8)
+        q = np.clip(q, -127, 127).astype(np.int8)
+        return q, None if idx is None else _residuals(w2, s32, g, q, idx), None
     q = np.empty((rows, cols), dtype=np.int8)
+    ovals: list[np.ndarray] = []
+    total = 0.0
     for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS):
         s = s32[c][:, :, None]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -231,7 +259,22 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int) -> np.ndarray:
             t = np.where(s > 0, t, 0.0)
         np.clip(t, -127, 127, out=t)
         q[c] = t.reshape(-1, cols)
-    return q
+        if idx is None and not measure:
+            continue
+        deq = np.multiply(s, t, out=t).reshape(-1)  # S*Q as dequantize_rows computes it (t holds Q exactly)
+        wc = w2[c].reshape(-1)
+        if idx is not None:
+            lo, hi = np.searchsorted(idx, [c.start * cols, c.stop * cols])
+            local = idx[lo:hi].astype(np.int64) - c.start * cols
+            ov = np.clip(wc[local] - deq[local], -F16_MAX, F16_MAX).astype(np.float16)
+            ovals.append(ov)
+            deq[local] += ov.astype(np.float32)
+        if measure:  # both sides widened first: a float64 subtraction of float32 operands casts slowly
+            d = wc.astype(np.float64)
+            d -= deq.astype(np.float64)
+            total += float(np.sum(np.square(d, out=d).reshape(-1, cols)))
+    oval = None if idx is None else (np.concatenate(ovals) if ovals else np.zeros(0, dtype=np.float16))
+    return q, oval, total if measure else None
 
 
 def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
@@ -243,38 +286,74 @@ def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
     return a.reshape(rows, n_groups, g)
 
 
-def _outlier_mask(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
-    """The n_out entries standing furthest above their group's typical magnitude."""
-    mag = np.abs(w)
-    groups = _padded_groups(mag, g, np.nan)
-    rms = _group_rms(mag, g)
-    score = (groups / rms).reshape(w.shape[0], -1)[:, : w.shape[1]].reshape(-1)
-    threshold, n_above, n_ties = _kth_largest([score], n_out)
-    if n_above + n_ties == n_out:  # no tie straddles the cut: the n_out largest are those >= the n_out-th
-        return (score >= threshold).reshape(w.shape)
-    # introselect is deterministic for a given input, so exports stay byte-identical
-    top = np.argpartition(-score, n_out - 1)[:n_out]
-    mask = np.zeros(w.size, dtype=bool)
-    mask[top] = True
-    return mask.reshape(w.shape)
+def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray:
+    """The n_out entries standing furthest above their group's typical magnitude: of the scores
+    |w| / rms(group) (float64), the n_out largest. Every SAMPLE_STEP-th score gives a bound below the
+    n_out-th; only the entries whose |w| passes a float32 threshold just under the bound get their score
+    computed. Of the entries tied with the n_out-th score, `lean` takes those first in memory order;
+    otherwise, if a tie straddles the cut, an argpartition of every score decides (deterministic for a
+    given input, so exports stay byte-identical)."""
+    rows, cols = mag.shape
+    n = mag.size
+    chunks = _row_chunks(rows, cols)
+    # by smaller chunks, whose float64 squares stay in the cache (the same sums: each group's own)
+    rms = np.concatenate([_group_rms(mag[c], g) for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)])
+    rms = rms.reshape(rows, -1)
 
+    def scores_at(flat: np.ndarray) -> np.ndarray:  # the same float64 quotients as the whole score array
+        return mag.reshape(-1)[flat] / rms.reshape(-1)[flat // cols * rms.shape[1] + flat % cols // g]
 
-def _kth_largest(parts: list[np.ndarray], k: int) -> tuple[float, int, int]:
-    """(the k-th largest value of the concatenated float64 `parts`, how many exceed it, how many equal
-    it). Every SAMPLE_STEP-th value gives a bound below it; only the values above the bound are
-    partitioned (all of them if the bound turns out too high)."""
-    n = sum(p.size for p in parts)
-    if n >= 64 * SAMPLE_STEP:
-        sample = np.concatenate([p[::SAMPLE_STEP] for p in parts])
-        j = min(sample.size, 2 * (k // SAMPLE_STEP) + 64)
+    def every_score() -> np.ndarray:  # in memory order, by row chunks
+        return np.concatenate([(_padded_groups(mag[c], g, np.nan) / rms[c][:, :, None])
+                               .reshape(c.stop - c.start, -1)[:, :cols].reshape(-1) for c in chunks])
+
+    cand = idx = None
+    if lean or n >= 64 * SAMPLE_STEP:
+        at = np.arange(0, n, SAMPLE_STEP)
+        sample = mag.reshape(-1)[::SAMPLE_STEP] / rms.reshape(-1)[at // cols * rms.shape[1] + at % cols // g]
+        j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
         bound = np.partition(sample, sample.size - j)[sample.size - j]
-        cand = np.concatenate([p[p >= bound] for p in parts])
-    else:
-        cand = np.concatenate(parts)
-    if cand.size < k:
-        cand = np.concatenate(parts)
-    t = np.partition(cand, cand.size - k)[cand.size - k]
-    return float(t), int(np.count_nonzero(cand > t)), int(np.count_nonzero(cand == t))
+        vals, where = [], []
+        for c in chunks:
+            # |w| >= thr whenever |w| / rms >= bound: thr a little under bound * rms, rounded down to float32
+            thr = (bound * (1 - 1e-9)) * rms[c]
+            thr32 = thr.astype(np.float32)
+            thr32 = np.where(thr32 > thr, np.nextafter(thr32, np.float32(0)), thr32)
+            m = mag[c]
+            if cols % g == 0:
+                hit = np.flatnonzero(m.reshape(m.shape[0], -1, g) >= thr32[:, :, None])
+            else:
+                hit = np.flatnonzero(m >= np.repeat(thr32, g, axis=1)[:, :cols])
+            hit += c.start * cols
+            sc = scores_at(hit)
+            keep = sc >= bound
+            vals.append(sc[keep])
+            where.append(hit[keep])
+        cand, idx = np.concatenate(vals), np.concatenate(where)
+    if cand is None or cand.size < n_out:  # small, or the bound was too high: every score
+        cand = every_score()
+        idx = None
+    threshold = np.partition(cand, cand.size - n_out)[cand.size - n_out]
+    above = cand > threshold
+    tied = np.flatnonzero(cand == threshold)
+    n_ties = n_out - int(np.count_nonzero(above))
+    if idx is None:  # cand is every score, in memory order
+        mask = above
+        if lean or n_ties == tied.size:
+            mask[tied[:n_ties]] = True
+        else:
+            mask = np.zeros(n, dtype=bool)
+            mask[np.argpartition(-cand, n_out - 1)[:n_out]] = True
+        return mask.reshape(rows, cols)
+    mask = np.zeros(n, dtype=bool)
+    mask[idx[above]] = True
+    if lean or n_ties == tied.size:  # lean: of the tied, those first in memory order (idx is in that order)
+        mask[idx[tied[:n_ties]]] = True
+    else:  # a tie straddles the cut
+        score = every_score()
+        mask[:] = False
+        mask[np.argpartition(-score, n_out - 1)[:n_out]] = True
+    return mask.reshape(rows, cols)
 
 
 def _group_rms(mag: np.ndarray, g: int) -> np.ndarray:
@@ -289,49 +368,15 @@ def _group_rms(mag: np.ndarray, g: int) -> np.ndarray:
     return np.where(rms > 0, rms, 1.0)
 
 
-def _outlier_mask_lean(w: np.ndarray, g: int, n_out: int) -> np.ndarray:
-    """_outlier_mask by row chunks, in a few bytes a weight: the same scores, the n_out-th largest
-    (_kth_largest); of the entries tied with it, those first in memory order are taken."""
-    rows, cols = w.shape
-    chunks = _row_chunks(rows, cols)
-    rms = np.concatenate([_group_rms(np.abs(w[c]), g) for c in chunks])
-
-    def score(c: slice) -> np.ndarray:
-        groups = _padded_groups(np.abs(w[c]), g, np.nan)
-        return (groups / rms[c]).reshape(c.stop - c.start, -1)[:, :cols]
-
-    # the sample bound, then the scores above it with their flat indices
-    # the scores of every SAMPLE_STEP-th entry, computed for those alone (the same float64 quotients)
-    r, col = np.divmod(np.arange(0, w.size, SAMPLE_STEP), cols)
-    sample = np.abs(w[r, col]) / rms.reshape(rows, -1)[r, col // g]
-    j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
-    bound = np.partition(sample, sample.size - j)[sample.size - j]
-    vals, where = [], []
-    for c in chunks:
-        sc = score(c).reshape(-1)
-        hit = np.flatnonzero(sc >= bound)
-        vals.append(sc[hit])
-        where.append(hit + c.start * cols)
-    cand, idx = np.concatenate(vals), np.concatenate(where)
-    if cand.size < n_out:  # the bound was too high: every score
-        cand = np.concatenate([score(c).reshape(-1) for c in chunks])
-        idx = np.arange(cand.size)
-    threshold = np.partition(cand, cand.size - n_out)[cand.size - n_out]
-    mask = np.zeros(w.shape, dtype=bool)
-    flat = mask.reshape(-1)
-    flat[idx[cand > threshold]] = True
-    n_ties = n_out - int(np.count_nonzero(cand > threshold))
-    flat[idx[cand == threshold][:n_ties]] = True  # idx is in memory order
-    return mask
-
-
-def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None) -> np.ndarray:
+def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None, mag: np.ndarray | None = None) -> np.ndarray:
+    """Per group max |w| / 127 (the entries of `mask` left out), f16 unless out of its normal range.
+    `mag`, |w| if given, is overwritten."""
     rows, cols = w.shape
     if mask is None and cols % g == 0:  # max |w| as max(max w, -min w), without |w|; + 0.0 makes -0.0 0.0
         groups = w.reshape(rows, cols // g, g)
         amax = np.maximum(groups.max(axis=2), -groups.min(axis=2)) + np.float32(0.0)
     else:
-        mag = np.abs(w)
+        mag = np.abs(w) if mag is None else mag
         if mask is not None:
             np.putmask(mag, mask, 0.0)
         amax = _padded_groups(mag, g, 0.0).max(axis=2)
@@ -349,11 +394,10 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
     n_out = int(outlier_frac * rows * cols) if quant == "int4c" else 0
     mask = None
     if n_out:
-        select = _outlier_mask_lean if w2.size >= LEAN_MIN_WEIGHTS else _outlier_mask
-        mask = select(w2, g, n_out)
+        mask = _outlier_mask(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
-    for c in _row_chunks(rows, cols):
+    for c in _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS):  # groups are independent: any chunking gives the same
         wc = w2[c] if mask is None else np.where(mask[c], 0.0, w2[c]).astype(np.float32)
         scales[c], q[c] = _int4_groups(wc, cols)
     if mask is not None:  # the corrected entries get their own nearest value too, the residual goes to E
@@ -385,19 +429,26 @@ def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     best_err = np.full(groups.shape[:2], np.inf, dtype=np.float64)
     best_s = np.zeros(groups.shape[:2], dtype=np.float32)
     best_q = np.zeros(groups.shape, dtype=np.int8)
+    # the float64 arithmetic of mixed float32/float64 operands, on operands widened once, in place
+    g64 = groups.astype(np.float64)
+    q, tmp = np.empty(groups.shape), np.empty(groups.shape)
     for t in INT4_CANDIDATES:
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(peak != 0, t / peak, 0.0)
-        q = np.clip(np.rint(groups * inv), -8, 7)
-        qq = np.sum(q * q, axis=2)
+        np.multiply(g64, inv, out=q)
+        np.rint(q, out=q)
+        np.clip(q, -8, 7, out=q)
+        qq = np.sum(np.multiply(q, q, out=tmp), axis=2)
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(qq > 0, np.sum(groups * q, axis=2) / qq, 0.0).astype(np.float32)
+            s = np.where(qq > 0, np.sum(np.multiply(g64, q, out=tmp), axis=2) / qq, 0.0).astype(np.float32)
         s = _as_stored(s)
-        err = np.sum(np.square(groups - s[..., None] * q, dtype=np.float64), axis=2)
+        np.multiply(s[..., None], q, out=tmp)
+        np.subtract(g64, tmp, out=tmp)
+        err = np.sum(np.square(tmp, out=tmp), axis=2)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_s = np.where(better, s, best_s)
-        best_q = np.where(better[..., None], q, best_q).astype(np.int8)
+        np.copyto(best_q, q, where=better[..., None], casting="unsafe")
     rows = w.shape[0]
     return best_s, best_q.reshape(rows, -1)[:, :cols]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,19 +156,46 @@ class SafetensorsFile:
             raise self._fail(f"dtype {info.dtype}, not U8", name)
         return self._read_into(name, np.empty(info.shape, dtype=np.uint8))
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as a new, writable float32 array (F32, F16 and BF16 only)."""
+    def read(self, name: str, mapped: bool = False) -> np.ndarray:
+        """The tensor as a new, writable float32 array (F32, F16 and BF16 only). With `mapped` an F32
+        tensor is the file's pages themselves (a private mapping, copied only where written to), which
+        holds a file descriptor while the array lives: for arrays used and dropped one at a time."""
         info = self.tensors[name]
         if info.dtype not in _NUMPY_DTYPES:
             raise self._fail(f"unsupported dtype {info.dtype} (accepted: {', '.join(FLOAT_DTYPES)})", name)
-        if info.dtype == "F32":  # read straight into the array returned
+        if info.dtype == "F32":
+            if mapped:
+                return self._mapped(name).astype(np.float32, copy=False)
             return self._read_into(name, np.empty(info.shape, dtype="<f4")).astype(np.float32, copy=False)
-        raw = self._read_into(name, np.empty(info.shape, dtype=_NUMPY_DTYPES[info.dtype]))
+        raw = self._mapped(name)  # widened into a new array below: the mapping goes with `raw`
         if info.dtype == "BF16":  # the bf16 bits are the high half of the f32's
             out = np.empty(info.shape, dtype=np.uint32)
             np.left_shift(raw.astype(np.uint16, copy=False), 16, out=out, dtype=np.uint32)
             return out.view(np.float32)
         return raw.astype(np.float32)
+
+    def _mapped(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a private (copy-on-write) mapping of the file: a writable array whose
+        writes never reach the file, without a copy of the pages it is only read from. Read into a new
+        array instead when the data is not aligned to its dtype (or empty)."""
+        info = self.tensors[name]
+        dtype = _NUMPY_DTYPES[info.dtype]
+        if info.nbytes == 0 or info.start % dtype.itemsize:
+            return self._read_into(name, np.empty(info.shape, dtype=dtype))
+        fd = open_regular(self.path, "safetensors file")
+        try:
+            size = os.fstat(fd).st_size
+            if info.start + info.nbytes > size:
+                raise self._fail(f"truncated: expected {info.nbytes} bytes of data, the file ends "
+                                 f"{max(0, size - info.start)} bytes after its start", name)
+            base = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+            buf = mmap.mmap(fd, info.start + info.nbytes - base, access=mmap.ACCESS_COPY, offset=base)
+        except OSError as e:
+            raise self._fail(f"cannot read: {e.strerror or e}", name) from None
+        finally:
+            os.close(fd)
+        return np.frombuffer(buf, dtype=dtype, count=info.nbytes // dtype.itemsize,
+                             offset=info.start - base).reshape(info.shape)
 
     def _read_into(self, name: str, out: np.ndarray) -> np.ndarray:
         """Fill `out` (a new array of the tensor's byte size) with the tensor's bytes as stored."""

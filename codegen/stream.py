@@ -16,7 +16,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import QuantTensor, quant_error, quantize, sum_squares
+import numpy as np
+
+from .quantize import QuantTensor, quantize_measured, sum_squares
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -24,6 +26,7 @@ INFLIGHT_PER_WORKER = 2
 # More tensors go out while those in flight behind the oldest hold fewer weights than it and than this: a
 # large tensor (an embedding) at the head keeps the other workers busy instead of idle behind it.
 INFLIGHT_WEIGHTS = 48_000_000
+EARLY_LAST_WEIGHTS = 4_000_000  # a last tensor of this many weights is submitted second (quantize_all)
 
 
 @dataclass(frozen=True)
@@ -62,23 +65,29 @@ def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
 
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,
                     attn_quant: str | None = None) -> Quantized:
-    """Read one tensor from `source` (anything with get(name)), quantize it and measure its error."""
-    w = source.get(name)
+    """Read one tensor from `source` (anything with get(name); get_mapped(name) is used if it has one),
+    quantize it and measure its error."""
+    w = getattr(source, "get_mapped", source.get)(name)
     tq = tensor_quant(name, quant, attn_quant)
     frac = outlier_frac if tq == quant else None  # another quantization than --quant: its own default
-    qt = quantize(w, tq, group_size=group_size, outlier_frac=frac)
+    qt, sq_err = quantize_measured(w, tq, group_size=group_size, outlier_frac=frac)
     norm2 = sum_squares(w)
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
-        "rel_error": quant_error(w, qt, norm2), "n_outliers": qt.n_outliers,
+        "rel_error": _rel(sq_err, norm2), "n_outliers": qt.n_outliers,
     }
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
-        alt = quantize(w, other, group_size=group_size, outlier_frac=frac)
-        row[f"rel_error_{other}"] = quant_error(w, alt, norm2)
+        row[f"rel_error_{other}"] = _rel(quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1],
+                                         norm2)
     return Quantized(name, qt, row, norm2)
+
+
+def _rel(sq_err: float, norm2: float) -> float:
+    """quantize.quant_error from the squared error."""
+    return float(np.sqrt(sq_err / norm2)) if norm2 else 0.0
 
 
 def pool_workers(n_params: int, requested: int = 0) -> int:
@@ -113,9 +122,18 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
     ctx = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(source,))
     size = _weights_of(source)
+
+    def submit(name: str) -> Future[Quantized]:
+        return pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant)
+
     try:
         todo = deque(names)
         pending: deque[tuple[int, Future[Quantized]]] = deque()
+        # a large last tensor (an untied lm_head) goes out once the first tensor (the embedding, as large)
+        # is done, not alone at the end with the other workers idle; its result waits for its turn (about
+        # a byte a weight)
+        last = todo.pop() if len(todo) > 2 and size(todo[-1]) >= EARLY_LAST_WEIGHTS else None
+        early: Future[Quantized] | None = None
 
         def room() -> bool:
             if len(pending) < INFLIGHT_PER_WORKER * workers:
@@ -126,8 +144,12 @@ def quantize_all(source: Any, names: list[str], quant: str, group_size: int, out
         while todo or pending:
             while todo and room():
                 name = todo.popleft()
-                pending.append((size(name), pool.submit(_job, name, quant, group_size, outlier_frac, attn_quant)))
+                pending.append((size(name), submit(name)))
             yield pending.popleft()[1].result()
+            if last is not None and early is None:
+                early = submit(last)
+        if early is not None:
+            yield early.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
