@@ -53,7 +53,8 @@ def _attempt(target: str, program: Path, *args: str):
     try:
         return _parse(_run(target, program, *args))
     except (AssertionError, StopIteration) as e:  # exit status, or no tokens:/logits: line
-        return f"{e}".splitlines()[0] or type(e).__name__
+        lines = [x for x in f"{e}".splitlines() if x.strip()]
+        return " / ".join(lines[:1] + lines[1:][-1:]) or type(e).__name__  # the exit status, stderr's last line
 
 
 def check_every_target(build_model, ckpt: Path, quant: str, reference: Callable[[dict | None], Reference],
