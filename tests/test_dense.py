@@ -1,6 +1,7 @@
 """Dense Llama, Mistral, Qwen2 and Qwen3 on checkpoints transformers itself writes (save_pretrained of a
 randomly initialised tiny model): the numpy reference against transformers' logits at every position,
-the C runtime (f32, int8c) against the reference on host, rpi4 and riscv64, and the refusals.
+the C runtime (f32, int8c, int4c) against the reference on every Linux target (tests/every_target.py), and
+the refusals.
 
 torch and transformers are dev-only extras (see README); the checkpoints are made here, so a missing
 extra skips (a failure under CI=true, conftest). The version used is written to each checkpoint's
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cross import _parse, _run
+from every_target import QUANTS, check_every_target
 
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.errors import ExportError
@@ -23,7 +24,6 @@ from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
 
 from blobread import weights as blob_weights
-from conftest import require_target
 
 PROMPT = [3, 17, 42, 5, 9]
 N_GEN = 16
@@ -42,7 +42,6 @@ CASES = {
     "qwen2": ("Qwen2Config", dict(_BASE, rope_parameters=dict(rope_type="default", rope_theta=1e6))),
     "qwen3": ("Qwen3Config", dict(_BASE, head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=1e6))),
 }
-TARGETS = ["rpi4", "riscv64"]
 
 
 def make_hf(path: Path, cls: str, kw: dict, seed: int) -> Path:
@@ -125,18 +124,11 @@ def test_host_matches_reference(family, quant, dense_ckpts, build_model):
     assert m.generate(PROMPT, N_GEN) == want_tokens, f"{family} {quant}: greedy tokens differ"
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8c"])
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("family", sorted(CASES))
-def test_target_matches_reference(family, target, quant, dense_ckpts, build_model):
-    require_target(target)
-    out = build_model(dense_ckpts[family], quant, target)
-    _, want_logits, want_tokens = runtime_expectation(family, quant, out, dense_ckpts[family])
-    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
-    tokens, logits = _parse(_run(target, out / "colibri_demo", *args))
-    assert tokens == want_tokens, f"{family} {target} {quant}: tokens differ from the reference"
-    if quant == "f32":
-        assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+def test_every_target_matches_reference(family, quant, dense_ckpts, build_model):
+    ckpt = dense_ckpts[family]
+    check_every_target(build_model, ckpt, quant, lambda w: reference(ckpt, w), PROMPT, N_GEN, what=family)
 
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 100, "hidden_size": 32,

@@ -1,7 +1,7 @@
 """gpt-oss (GptOssForCausalLM) on a checkpoint transformers itself writes (save_pretrained of a randomly
 initialised tiny model: stacked, interleaved expert tensors): the numpy reference against transformers'
-logits at every position for sequences past the sliding window, the C runtime (f32, int8c) against the
-reference on host, rpi4 and riscv64, and the refusals.
+logits at every position for sequences past the sliding window, the C runtime (f32, int8c, int4c) against
+the reference on every Linux target (tests/every_target.py), and the refusals.
 
 The tiny model keeps every feature in play: alternating sliding (window 5) and full layers, sinks and
 biases made nonzero by make_hf, YaRN with its attention factor, and a SwiGLU limit (0.05) small enough
@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_cross import _parse, _run
+from every_target import QUANTS, check_every_target
 from test_dense import hf_logits, make_hf
 
 from colibri.codegen.checkpoint import open_checkpoint
@@ -27,7 +27,6 @@ from colibri.runtime import load
 
 from blobread import header, params_records
 from blobread import weights as blob_weights
-from conftest import require_target
 
 VOCAB = 97
 PROMPT = [3, 17, 42, 5, 9, 60, 11, 2, 88, 31]  # 10 > the window
@@ -36,7 +35,6 @@ SEQ_LENS = (1, 9, 40)
 MAX_SEQ = 64
 WINDOW = 5
 LIMIT = 0.05
-TARGETS = ["rpi4", "riscv64"]
 CONFIG = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
               max_position_embeddings=128, swiglu_limit=LIMIT, tie_word_embeddings=False, initializer_range=0.2,
@@ -113,18 +111,10 @@ def test_host_matches_reference(quant, gpt_oss, build_model):
     assert m.generate(PROMPT, N_GEN) == want_tokens, f"{quant}: greedy tokens differ"
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8c"])
-@pytest.mark.parametrize("target", TARGETS)
-def test_target_matches_reference(target, quant, gpt_oss, build_model):
-    require_target(target)
-    out = build_model(gpt_oss, quant, target, f"MAX_SEQ={MAX_SEQ}")
-    want_logits, want_tokens = expectation(quant, out, gpt_oss)
-    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
-    tokens, logits = _parse(_run(target, out / "colibri_demo", *args))
-    assert tokens == want_tokens, f"{target} {quant}: tokens differ from the reference"
-    if quant == "f32":
-        assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
-
+@pytest.mark.parametrize("quant", QUANTS)
+def test_every_target_matches_reference(quant, gpt_oss, build_model):
+    check_every_target(build_model, gpt_oss, quant, lambda w: reference(gpt_oss, w), PROMPT, N_GEN,
+                       f"MAX_SEQ={MAX_SEQ}", what="gpt-oss")
 
 
 def test_greedy_stream_is_not_constant(gpt_oss):
@@ -133,7 +123,7 @@ def test_greedy_stream_is_not_constant(gpt_oss):
 
 
 def test_yarn_shows_in_the_target_prompt(gpt_oss):
-    """The cross-target test above is YaRN's on rpi4 and riscv64: on its prompt the YaRN frequencies move the
+    """The every-target test above is YaRN's on every Linux target: on its prompt the YaRN frequencies move the
     logits past that test's f32 tolerance and change its greedy tokens (a target left at default rope fails)."""
     want_logits, want_tokens = expectation("f32", None, gpt_oss)
     plain = reference(gpt_oss, rope_type="default")

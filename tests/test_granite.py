@@ -1,6 +1,7 @@
 """Granite-MoE (GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM) on checkpoints transformers itself
 writes: fused experts on disk, the four multipliers folded into weights at import, the shared MLP, routing
-as top-k then softmax; the reference against transformers, the C runtime against the reference.
+as top-k then softmax; the reference against transformers, the C runtime (f32, int8c, int4c) against the
+reference on every Linux target (tests/every_target.py).
 """
 
 from __future__ import annotations
@@ -9,15 +10,13 @@ import json
 
 import numpy as np
 import pytest
-from test_cross import _parse, _run
+from every_target import QUANTS, check_every_target
 from test_dense import N_GEN, PROMPT, SEQ_LENS, hf_logits, make_hf, reference, runtime_expectation
 
 from colibri.codegen.checkpoint import open_checkpoint
 from colibri.codegen.errors import ExportError
 from colibri.codegen.spec import canonical_names
 from colibri.runtime import load
-
-from conftest import require_target
 
 VOCAB = 89
 _BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
@@ -29,7 +28,6 @@ CASES = {
     "granitemoeshared": ("GraniteMoeSharedConfig", dict(_BASE, shared_intermediate_size=40,
                                                         tie_word_embeddings=False)),
 }
-TARGETS = ["rpi4", "riscv64"]
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +67,11 @@ def test_host_matches_reference(family, quant, granite_ckpts, build_model):
     assert m.generate(PROMPT, N_GEN) == want_tokens, f"{family} {quant}: greedy tokens differ"
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8c"])
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("family", sorted(CASES))
-def test_target_matches_reference(family, target, quant, granite_ckpts, build_model):
-    require_target(target)
-    out = build_model(granite_ckpts[family], quant, target)
-    _, want_logits, want_tokens = runtime_expectation(family, quant, out, granite_ckpts[family])
-    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
-    tokens, logits = _parse(_run(target, out / "colibri_demo", *args))
-    assert tokens == want_tokens, f"{family} {target} {quant}: tokens differ from the reference"
-    if quant == "f32":
-        assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+def test_every_target_matches_reference(family, quant, granite_ckpts, build_model):
+    ckpt = granite_ckpts[family]
+    check_every_target(build_model, ckpt, quant, lambda w: reference(ckpt, w), PROMPT, N_GEN, what=family)
 
 
 GRANITE = {"architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe", "vocab_size": 100,

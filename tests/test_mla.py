@@ -1,6 +1,7 @@
 """DeepSeek-V2 and DeepSeek-V3 (multi-head latent attention, V2/V3 routing) on checkpoints transformers itself
 writes (save_pretrained of a randomly initialised tiny model): the numpy reference against transformers' logits
-at every position of 3 sequences, the compressed KV cache's size against the formula, and the refusals.
+at every position of 3 sequences, the compressed KV cache's size against the formula, the C runtime (f32,
+int8c, int4c) against the reference on every Linux target (tests/every_target.py), and the refusals.
 
 torch and transformers are dev-only extras (see README); a missing extra skips (a failure under CI=true,
 conftest). The version used is written to each checkpoint's colibri_fixture.json. Each fixture is built so
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cross import _parse, _run
+from every_target import QUANTS, check_every_target
 
 from colibri.codegen import reference as ref_mod
 from colibri.codegen.checkpoint import open_checkpoint
@@ -31,7 +32,7 @@ from colibri.runtime import load
 
 import blobread
 from blobread import weights as blob_weights
-from conftest import require_target, synth
+from conftest import synth
 
 VOCAB = 97
 SEQ_LENS = (1, 9, 40)
@@ -311,12 +312,17 @@ def c_ckpts(tmp_path_factory):
     return {c: make_hf(base / c, *C_CASES[c], seed=i + 21) for i, c in enumerate(sorted(C_CASES))}
 
 
+def c_reference(ckpt: Path, weights=None) -> Reference:
+    """The reference on the checkpoint's weights, or on a blob's (blobread.weights)."""
+    c = open_checkpoint(ckpt)
+    return Reference(c.spec, weights if weights is not None else {n: c.get(n) for n in canonical_names(c.spec)},
+                     max_seq=64)
+
+
 def expectation(ckpt: Path, quant: str, out: Path):
     """The reference's logits of PROMPT and its 16 greedy tokens, on the blob's dequantized weights for
     int8c (and its integer matmuls' activations)."""
-    c = open_checkpoint(ckpt)
-    w = {n: c.get(n) for n in canonical_names(c.spec)} if quant == "f32" else blob_weights(out / "model.bin")
-    ref = Reference(c.spec, w, max_seq=64)
+    ref = c_reference(ckpt, None if quant == "f32" else blob_weights(out / "model.bin"))
     logits = ref.forward(PROMPT)
     ref.reset()
     return logits, ref.generate(PROMPT, N_GEN)
@@ -365,27 +371,17 @@ def test_host_group_limited_matches_reference(case, mla_ckpts, build_model):
     assert m.generate(PROMPT, N_GEN) == want_tokens, f"{case}: greedy tokens differ"
 
 
-@pytest.mark.parametrize("target", ["rpi4", "riscv64"])
-@pytest.mark.parametrize("case, quant", [("v2_greedy", "f32"), ("v3_flat", "int8c")])
-def test_target_matches_reference(case, quant, target, c_ckpts, build_model):
-    require_target(target)
-    out = build_model(c_ckpts[case], quant, target)
-    want_logits, want_tokens = expectation(c_ckpts[case], quant, out)
-    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
-    tokens, logits = _parse(_run(target, out / "colibri_demo", *args))
-    assert tokens == want_tokens, f"{case} {target} {quant}: tokens differ from the reference"
-    if quant == "f32":
-        assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("case", sorted(C_CASES))
+def test_every_target_matches_reference(case, quant, c_ckpts, build_model):
+    ckpt = c_ckpts[case]
+    check_every_target(build_model, ckpt, quant, lambda w: c_reference(ckpt, w), PROMPT, N_GEN, what=case)
 
 
-def test_target_group_limited_matches_reference(mla_ckpts, build_model):
-    require_target("rpi4")
-    out = build_model(mla_ckpts["v3"], "f32", "rpi4", only=("colibri_demo",))
-    want_logits, want_tokens = expectation(mla_ckpts["v3"], "f32", out)
-    args = ("--tokens", ",".join(map(str, PROMPT)), "--generate", str(N_GEN), "--print-logits")
-    tokens, logits = _parse(_run("rpi4", out / "colibri_demo", *args))
-    assert tokens == want_tokens, "v3 rpi4: tokens differ from the reference"
-    assert float(np.max(np.abs(logits - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
+def test_every_target_group_limited_matches_reference(mla_ckpts, build_model):
+    """V3's group-limited top-k (GROUP_TOPK) on every target."""
+    ckpt = mla_ckpts["v3"]
+    check_every_target(build_model, ckpt, "f32", lambda w: c_reference(ckpt, w), PROMPT, N_GEN, what="v3 groups")
 
 
 def test_arena_holds_the_latent_cache(c_ckpts, build_model):

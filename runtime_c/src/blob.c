@@ -361,8 +361,9 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* row_stride: short, unaligned, or padded in a tiled matrix */
     if (int4 && (!v->m->xq_off || group != CB_Q8_BLOCK))
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int4: without integer matmuls, or not one scale a block */
-    /* group_size means nothing to F32/F16 and is not checked there */
-    if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || group > cols
+    /* group_size means nothing to F32/F16 and is not checked there; int4's is the activation block even
+     * when the matrix is narrower (cols < 32: one partial block, as the last block of any width) */
+    if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || (group > cols && !int4)
                   : scale_dtype != 0)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* scale_dtype or group_size */
     if (n_out != 0 && dtype != CB_I8C && dtype != CB_I4C)
