@@ -294,7 +294,7 @@ def test_v3_multi_token_prediction_layers_are_ignored(mla_ckpts, tmp_path):
         open_checkpoint(ckpt)
 
 
-# The C runtime's cases: no group-limited top-k (it needs the parameters section), every other path.
+# The C runtime's cases without group-limited top-k (mla_ckpts has the group-limited ones), every other path.
 C_CASES = {
     # plain q_proj, softmax greedy top-k, routed scale
     "v2_greedy": ("DeepseekV2Config", dict(_BASE, q_lora_rank=None, routed_scaling_factor=1.5)),
