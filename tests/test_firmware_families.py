@@ -1,7 +1,7 @@
 """A dense model, a Granite-MoE, a gpt-oss and a DeepSeek-V3 (MLA) model, each written by transformers'
 save_pretrained, in a firmware image on every firmware target (targets_under_test.firmware()): booted under
-QEMU, the greedy tokens equal the host build's and the numpy reference's on the weights the blob holds (int8c,
-the weights the C runtime computes with)."""
+QEMU, the greedy tokens equal the host build's and the numpy reference's on the weights the blob holds (int8c
+and int4c, the weights the C runtime computes with)."""
 
 from __future__ import annotations
 
@@ -52,15 +52,16 @@ def family_ckpts(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("quant", ["int8c", "int4c"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_in_a_firmware_image(family, family_ckpts, build_model):
-    """Every firmware target's image of the family, built in one SCons run, booted under QEMU; a failure names
-    every target that failed."""
+def test_family_in_a_firmware_image(family, quant, family_ckpts, build_model):
+    """Every firmware target's image of the family in the quantization, built in one SCons run, booted under
+    QEMU; a failure names every target that failed."""
     for t in TARGETS:
         require_target(t)
     ckpt = family_ckpts[family]
-    outs = build_model.many(ckpt, "int8c", TARGETS)[0]
-    host = load(build_model(ckpt, "int8c") / "model.bin")
+    outs = build_model.many(ckpt, quant, TARGETS)[0]
+    host = load(build_model(ckpt, quant) / "model.bin")
     failures = []
     for target, out in outs.items():
         res = _boot(target, out / f"{out.name}.elf")
@@ -68,8 +69,8 @@ def test_family_in_a_firmware_image(family, family_ckpts, build_model):
             failures.append(f"{target}: exit {res.returncode} {res.stderr.strip()[-200:]}")
             continue
         tokens, _, _, _ = _run_output(res)
-        want = _expected_tokens(ckpt, out, "int8c")
-        h = _model_h(out, "int8c")
+        want = _expected_tokens(ckpt, out, quant)
+        h = _model_h(out, quant)
         prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
         host.reset()
         on_host = host.generate(prompt, int(h["COLIBRI_DEFAULT_GENERATE"]))
@@ -79,4 +80,4 @@ def test_family_in_a_firmware_image(family, family_ckpts, build_model):
             failures.append(f"{target}: tokens {tokens} != the host build's {on_host}")
         elif len(set(tokens)) < 4:
             failures.append(f"{target}: {tokens} is too uniform a stream to tell runtimes apart")
-    assert not failures, f"{family}: " + "; ".join(failures)
+    assert not failures, f"{family} {quant}: " + "; ".join(failures)
