@@ -153,10 +153,9 @@ def sum_squares(w: np.ndarray) -> float:
     return total
 
 
-def quant_error(w: np.ndarray, qt: QuantTensor, norm2: float) -> float:
-    """relative_error(w, qt.dequantize()) (to the last digits: sums in another order), given norm2 =
-    sum_squares(w), without the whole dequantized matrix."""
-    return float(np.sqrt(qt.squared_error(w) / norm2)) if norm2 else 0.0
+def error_from_squared(sq_err: float, norm2: float) -> float:
+    """relative_error(w, w_hat) from ||W - W_hat||^2 (quantize_measured's) and norm2 = sum_squares(w)."""
+    return float(np.sqrt(sq_err / norm2)) if norm2 else 0.0
 
 
 def relative_error(w: np.ndarray, w_hat: np.ndarray) -> float:

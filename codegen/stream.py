@@ -16,9 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .quantize import QuantTensor, quantize_measured, sum_squares
+from .quantize import QuantTensor, error_from_squared, quantize_measured, sum_squares
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -75,19 +73,14 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
-        "rel_error": _rel(sq_err, norm2), "n_outliers": qt.n_outliers,
+        "rel_error": error_from_squared(sq_err, norm2), "n_outliers": qt.n_outliers,
     }
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     if tq in pairs:  # the other flavour of the same bits, for comparison
         other = pairs[tq]
-        row[f"rel_error_{other}"] = _rel(quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1],
-                                         norm2)
+        alt_err = quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1]
+        row[f"rel_error_{other}"] = error_from_squared(alt_err, norm2)
     return Quantized(name, qt, row, norm2)
-
-
-def _rel(sq_err: float, norm2: float) -> float:
-    """quantize.quant_error from the squared error."""
-    return float(np.sqrt(sq_err / norm2)) if norm2 else 0.0
 
 
 def pool_workers(n_params: int, requested: int = 0) -> int:
