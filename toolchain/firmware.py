@@ -31,6 +31,7 @@ from colibri.codegen.format import CLASSES
 from .size.audit import Options, audit, over_budget, region_overflow
 from .size.command import report_line
 from .size.regions import KIND_ROLE, MemoryRegion, section_class
+from .size.stack import analysis_files
 from .targets import ROOT, Target, TargetError
 
 FW_DIR = ROOT / "firmware_examples"
@@ -304,7 +305,7 @@ def link_image(cfg: dict, outs: list[Path], sources: list[Path]) -> str:
         return ""
     report = audit(elf, Options(manifest=manifest, target=cfg["target"],
                                 budget={"flash": cfg["flash_budget"], "ram": cfg["ram_budget"]},
-                                stack_dirs=sorted({o.parent for o in objs})))
+                                stack_files=analysis_files(objs)))
     problems = over_budget(report)
     if problems:
         raise FirmwareError("does not fit: " + "; ".join(problems))

@@ -30,6 +30,7 @@ class Options:
     target: str | None = None  # default: inferred from build/<target>/<model>/
     budget: dict[str, int] = field(default_factory=dict)  # overrides the target's
     stack_dirs: list[Path] | None = None  # None: <artifact dir>/obj; []: no stack audit
+    stack_files: list[Path] | None = None  # the linked objects' .ci/.su files: used instead of stack_dirs
     stack: bool = True
 
 
@@ -160,7 +161,7 @@ def audit(path: str | Path, opts: Options | None = None) -> dict:
     stack = None
     if opts.stack and main is not None:
         dirs = opts.stack_dirs if opts.stack_dirs is not None else [path.parent / "obj"]
-        stack = audit_stack(dirs, art.images, main.arch)
+        stack = audit_stack(dirs, art.images, main.arch, opts.stack_files)
     allocated = sum(s.size for img in art.images for s in img.allocated())
     return {
         "schema": SCHEMA,

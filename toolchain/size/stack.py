@@ -133,13 +133,19 @@ def _source_of(path: Path) -> str:
 
 
 def find_inputs(dirs: list[Path], images: list[ElfImage] | None) -> tuple[list[Path], list[str]]:
-    """The .ci (else .su) file of each source, choosing among several builds of one source
+    """The .ci (else .su) file of each source found in dirs, choosing among several builds of one source
     (e.g. obj/spec/colibri.ci and obj/generic/colibri.ci) the one whose object the artifact links."""
-    notes: list[str] = []
     files: list[Path] = []
     for d in dirs:
         if d.is_dir():
             files += sorted(p for p in d.rglob("*") if p.suffix in (".ci", ".su") and p.is_file())
+    return choose_inputs(files, images)
+
+
+def choose_inputs(files: list[Path], images: list[ElfImage] | None) -> tuple[list[Path], list[str]]:
+    """Of the analysis files given, one per source: the .ci over the .su of an object, and only those whose
+    object the artifact links (when its images are known); notes say where a source had several builds."""
+    notes: list[str] = []
     by_stem: dict[Path, Path] = {}
     for p in files:  # one entry per object: prefer the call graph
         key = p.with_suffix("")
@@ -292,8 +298,16 @@ def entry_points(graph: CallGraph, images: list[ElfImage] | None, prefix: str = 
                   if f.name.startswith(prefix) and ":" not in k and (not present or f.name in present))
 
 
-def audit_stack(dirs: list[Path], images: list[ElfImage] | None, arch: str | None) -> dict | None:
-    inputs, notes = find_inputs(dirs, images)
+def analysis_files(objects: list[Path]) -> list[Path]:
+    """The .ci and .su files beside the objects of a link: its stack inputs when the objects are known, with no
+    directory scan (which would also see the files of another link's objects, perhaps still being compiled)."""
+    return [f for o in objects for f in (o.with_suffix(".ci"), o.with_suffix(".su")) if f.is_file()]
+
+
+def audit_stack(dirs: list[Path], images: list[ElfImage] | None, arch: str | None,
+                files: list[Path] | None = None) -> dict | None:
+    """The stack section of a size report, from the analysis files given (files), else from those found in dirs."""
+    inputs, notes = choose_inputs(files, images) if files is not None else find_inputs(dirs, images)
     if not inputs:
         return None
     graph = load_graph(inputs)
