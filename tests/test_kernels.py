@@ -33,9 +33,9 @@ FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = names("linux")
 # the ISA path each target's flags must select: its file's kernels.float and kernels.int8 (targets/SCHEMA.md)
 RVV_VLEN = (128, 256, 512)
-# the int4 block dot each integer path comes with (arch/select.h CB_ISA_Q4_NAME): PMADDUBSW on every x86
-# build with AVX2 (VNNI builds too: this CPU has no AVX-512 to test a VPDPBUSD version on), SDOT on Armv8.6
-INT4_OF_INT8 = {"avx512vnni": "avx2", "avx2": "avx2", "neon-i8mm": "neon-dotprod", "neon-dotprod": "neon-dotprod",
+# the int4 block dot each integer path comes with (arch/select.h CB_ISA_Q4_NAME): VPDPBUSD on an AVX-512 VNNI
+# build (host, only where this CPU has it), PMADDUBSW on every other x86 build with AVX2, SDOT on Armv8.6
+INT4_OF_INT8 = {"avx512vnni": "avx512vnni", "avx2": "avx2", "neon-i8mm": "neon-dotprod", "neon-dotprod": "neon-dotprod",
                 "neon": "neon", "rvv": "rvv", "mve": "mve", "dsp": "dsp", "scalar": "scalar"}
 
 

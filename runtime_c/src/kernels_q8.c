@@ -51,7 +51,34 @@
     }
 
 CB_MATMUL_Q4(cb_matmul_q4_def, cb_dot32_q4_scalar)
-CB_MATMUL_Q4(cb_matmul_q4_isa, cb_dot32_q4_isa)
+CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
+
+#if defined(CB_HAS_Q4_ROWS4)
+/* Four rows at a time (cb_q4_rows4_isa: the same acc per row and token as cb_matmul_q4_def), then each
+ * row's cb_finish in row order, so the correction walk is the one-row kernel's; the rows past the last
+ * four go through that kernel. */
+static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
+                             const float *const *x, float *const *y, const float *alpha, int accumulate)
+{
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        cb_outl next = o;
+        for (size_t j = 0; j < n; j++) {
+            float acc[4];
+            cb_q4_rows4_isa(t, r, &xq[j], acc);
+            next = o;
+            for (size_t i = 0; i < 4; i++)
+                next = cb_finish(t, next, r + i, x[j], acc[i], alpha[j], y[j], accumulate);
+        }
+        o = next;
+    }
+    if (r < r1)
+        cb_matmul_q4_rows(t, r, r1, n, xq, x, y, alpha, accumulate);
+}
+#else
+#define cb_matmul_q4_isa cb_matmul_q4_rows
+#endif
 
 void cb_matmul_q4_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                          const float *const *x, float *const *y, const float *alpha, int accumulate)

@@ -58,8 +58,12 @@
 #define CB_HAS_MATMUL 1
 #endif
 #if defined(__AVX2__)
-#define CB_HAS_Q4_DOT 1 /* PMADDUBSW (AVX-512 builds too: VNNI not yet used for int4) */
+#define CB_HAS_Q4_DOT 1 /* PMADDUBSW; four rows at a time with F16C, by VPDPBUSD where AVX-512 VNNI has VL */
+#if defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define CB_ISA_Q4_NAME "avx512vnni"
+#else
 #define CB_ISA_Q4_NAME "avx2"
+#endif
 #define CB_HAS_DOT 1
 #define CB_HAS_ATTN 1
 #define CB_HAS_ATTN_I8 1 /* over an int8 KV cache: VPMOVSXBD + VCVTDQ2PS */

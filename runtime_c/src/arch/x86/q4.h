@@ -1,8 +1,17 @@
 /*
- * arch/x86/q4.h - the int4 block dot on AVX2 (also what AVX-512 builds use): the 16 bytes split into
- * 32 unsigned nibbles, PMADDUBSW with the 32 int8 activations (pairs of at most 2 * 15 * 127: no
- * saturation), PMADDWD with ones, a horizontal add; minus 8 * qsum for the nibbles' offset. All exact
- * integer sums, so the scalar definition's result. Included by kernels_q8.c only.
+ * arch/x86/q4.h - int4 on AVX2 (x86-64-v3) and AVX-512 VNNI.
+ *
+ * cb_dot32_q4_isa: one row's block dot. The 16 bytes split into 32 unsigned nibbles, PMADDUBSW with the
+ * 32 int8 activations (pairs of at most 2 * 15 * 127: no saturation), PMADDWD with ones, a horizontal
+ * add; minus 8 * qsum for the nibbles' offset.
+ *
+ * cb_q4_rows4_isa: four rows' dots with one token, each the scalar kernel's float steps in block order
+ * (f = isum, f *= d[b], f *= scale[r][b], acc += f: one lane per row, no contraction). Two rows share a
+ * YMM (row i's 16 bytes in the low lane, row i + 1's in the high one) against the block's activations
+ * broadcast to both lanes; VPDPBUSD (AVX-512 VNNI with VL) or PMADDUBSW + PMADDWD give four int32
+ * partial sums per row, and two PHADDDs and an unpack leave the four rows' block sums in one XMM.
+ * All sums are exact int32 and the float steps are the scalar kernel's per row, so the result is the
+ * scalar definition's bit for bit. Included by kernels_q8.c only.
  */
 #ifndef CB_ARCH_X86_Q4_H
 #define CB_ARCH_X86_Q4_H
@@ -22,6 +31,62 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s) - 8 * qsum;
 }
+
+#if defined(__F16C__)
+#define CB_HAS_Q4_ROWS4 1
+
+/* the 32-bit partial sums of rows (a, b) of one block: low lane row a, high lane row b */
+static inline __m256i cb_q4_pair(const uint8_t *a, const uint8_t *b, __m256i qlo, __m256i qhi)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i raw = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
+        _mm_loadu_si128((const __m128i *)(const void *)b), 1);
+    const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qlo), hi, qhi);
+#else
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); /* pairs of at most 2 * 2 * 15 * 127: int16 */
+#endif
+}
+
+/* out[i] = the dot of row r + i with one token (xq), i < 4: the scalar kernel's acc before cb_finish */
+static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[4])
+{
+    const size_t blocks = t->n_groups, stride = t->row_stride;
+    const uint8_t *w = t->data + r * stride;
+    const int f32_scales = t->scale_dtype == CB_F32;
+    const uint8_t *sc = t->scales + r * blocks * (f32_scales ? 4u : 2u);
+    __m128 acc = _mm_setzero_ps();
+    for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2) {
+        const __m128i q16 = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK));
+        const __m128i q16h = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK + 16));
+        const __m256i qlo = _mm256_broadcastsi128_si256(q16), qhi = _mm256_broadcastsi128_si256(q16h);
+        const __m256i p01 = cb_q4_pair(w, w + stride, qlo, qhi);
+        const __m256i p23 = cb_q4_pair(w + 2 * stride, w + 3 * stride, qlo, qhi);
+        /* lane 0: row 0's and row 2's two halves, lane 1: row 1's and row 3's; then one sum each */
+        __m256i h = _mm256_hadd_epi32(p01, p23);
+        h = _mm256_hadd_epi32(h, h);
+        __m128i s = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        s = _mm_sub_epi32(s, _mm_set1_epi32(8 * xq->s[b]));
+        __m128 scale;
+        if (f32_scales) {
+            const float *s32 = (const float *)(const void *)sc;
+            scale = _mm_setr_ps(s32[b], s32[blocks + b], s32[2 * blocks + b], s32[3 * blocks + b]);
+        } else {
+            const uint16_t *s16 = (const uint16_t *)(const void *)sc;
+            scale = _mm_cvtph_ps(_mm_setr_epi16((short)s16[b], (short)s16[blocks + b], (short)s16[2 * blocks + b],
+                                                (short)s16[3 * blocks + b], 0, 0, 0, 0));
+        }
+        __m128 f = _mm_cvtepi32_ps(s);
+        f = _mm_mul_ps(f, _mm_set1_ps(xq->d[b]));
+        f = _mm_mul_ps(f, scale);
+        acc = _mm_add_ps(acc, f);
+    }
+    _mm_storeu_ps(out, acc);
+}
+#endif
 
 #endif
 #endif /* CB_ARCH_X86_Q4_H */
