@@ -1,12 +1,14 @@
 """Decode and prefill speed of colibri against llama.cpp's own `llama-bench`, interleaved in one run.
 
     .venv/bin/python bench/speed.py [--peer DIR] [--shapes 30m,288m[,granite1b]] [--targets host,x86_64-v3]
-                                    [--threads 1,2] [--rounds 5] [--quant int8c] [--callgrind] [--work DIR]
+                                    [--threads 1,2] [--rounds 5] [--quant int8c] [--peer-quant Q8_0]
+                                    [--callgrind] [--work DIR]
 
 The peer is llama.cpp as its users run it: the `llama-bench` binary that `../shared/peer/build_llamacpp.sh`
 builds in its PEER directory (default $PEER, else /tmp/peer) from the llama-cpp-python 0.3.36 sdist (Release,
--DGGML_NATIVE=ON), on the Q8_0 GGUF that llama.cpp's official `convert_hf_to_gguf.py` made of the very
-checkpoint colibri exports here:
+-DGGML_NATIVE=ON), on the GGUF that llama.cpp's official `convert_hf_to_gguf.py` made of the very checkpoint
+colibri exports here: Q8_0 against int8/int8c, Q4_0 against int4/int4c (--peer-quant: any type llama-quantize
+takes, made from the F32 GGUF by llama.cpp's own `llama-quantize` once and kept beside it):
 
 - 30m  (hidden 256, ffn 512, 4 layers, 8 experts top-2, 8/4 heads, vocab 32000): PEER/ckpt/perf_tiny and
   PEER/gguf/tiny-mixtral-q8_0.gguf, made by a full run of build_llamacpp.sh;
@@ -50,8 +52,9 @@ PREFILL, DECODE = 512, 128  # llama-bench's pp512 and tg128
 GOAL = {"decode": 1.3, "prefill": 1.1, "roofline": 0.85}
 GRANITE = dict(layers=24, hidden=1024, ffn=512, heads=16, kv_heads=8, experts=32, top_k=8, vocab=49155, seed=1,
                dtype="bf16")
-# shape -> (checkpoint under PEER/ckpt, GGUF under PEER/gguf), both made by build_llamacpp.sh
-PEER_SHAPES = {"30m": ("perf_tiny", "tiny-mixtral-q8_0.gguf"), "288m": ("perf_mid", "mid-mixtral-q8_0.gguf")}
+# shape -> (checkpoint under PEER/ckpt, GGUF name under PEER/gguf without "-<type>.gguf"), made by build_llamacpp.sh
+PEER_SHAPES = {"30m": ("perf_tiny", "tiny-mixtral"), "288m": ("perf_mid", "mid-mixtral")}
+PEER_QUANT = {"int8c": "Q8_0", "int8": "Q8_0", "int4c": "Q4_0", "int4": "Q4_0"}  # llama.cpp's type of the same bits
 SCALE_BYTES = {0: 0, 1: 4, 2: 2}
 
 STREAM_C = r"""
@@ -179,17 +182,31 @@ def build(work: Path, ckpt: Path, targets: list[str], quant: str) -> dict[str, P
     return output_dirs(res.stdout)
 
 
-def granite_inputs(work: Path, peer: Path) -> tuple[Path, Path]:
+def peer_gguf(peer: Path, stem: str, quant: str) -> Path:
+    """PEER/gguf/<stem>-<type>.gguf; a type other than the converter's f32/q8_0 is made from the F32 GGUF by
+    llama.cpp's own llama-quantize, as build_llamacpp.sh --convert does."""
+    gguf = peer / "gguf" / f"{stem}-{quant.lower()}.gguf"
+    f32 = peer / "gguf" / f"{stem}-f32.gguf"
+    if not gguf.is_file() and quant.lower() not in ("f32", "q8_0") and f32.is_file():
+        tmp = gguf.with_suffix(".tmp")
+        res = subprocess.run([str(peer / "llama.cpp" / "build" / "bin" / "llama-quantize"), str(f32), str(tmp), quant],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.exit(f"llama-quantize {f32} {quant} failed:\n{res.stderr[-2000:]}")
+        tmp.rename(gguf)
+    return gguf
+
+
+def granite_inputs(work: Path, peer: Path, quant: str) -> tuple[Path, Path]:
     from colibri.codegen.synth import synth_checkpoint
 
     ckpt = work / "granite1b"
     if not (ckpt / "config.json").is_file():
         synth_checkpoint(ckpt, **GRANITE)
-    gguf = peer / "gguf" / "granite1b-q8_0.gguf"
-    if not gguf.is_file():
+    if not (peer / "gguf" / "granite1b-f32.gguf").is_file():
         subprocess.run(["bash", str(PEER_SCRIPT), "--convert", str(ckpt), "granite1b"], check=True,
                        env={**os.environ, "PEER": str(peer)})
-    return ckpt, gguf
+    return ckpt, peer_gguf(peer, "granite1b", quant)
 
 
 def callgrind_per_token(demo: Path, n: int = 4) -> float | None:
@@ -218,6 +235,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quant", default="int8c")
+    ap.add_argument("--peer-quant", help="llama.cpp's weight type (default: Q8_0 for int8/int8c, Q4_0 for int4/int4c)")
     ap.add_argument("--callgrind", action="store_true", help="instructions per decoded token (30m only)")
     ap.add_argument("--work", default=str(ROOT / "build" / "speed"))
     a = ap.parse_args()
@@ -228,13 +246,14 @@ def main() -> int:
     if not bench.is_file():
         sys.exit(f"{bench}: not built; run `PEER={peer} bash {PEER_SCRIPT}` first (~9 minutes)")
     targets = [t for t in a.targets.split(",") if t]
+    peer_quant = a.peer_quant or PEER_QUANT.get(a.quant, "Q8_0")
     threads = [int(n) for n in a.threads.split(",") if n]
     shapes: dict[str, dict] = {}
     for s in [s for s in a.shapes.split(",") if s]:
         if s == "granite1b":
-            ckpt, gguf = granite_inputs(work, peer)
+            ckpt, gguf = granite_inputs(work, peer, peer_quant)
         elif s in PEER_SHAPES:
-            ckpt, gguf = peer / "ckpt" / PEER_SHAPES[s][0], peer / "gguf" / PEER_SHAPES[s][1]
+            ckpt, gguf = peer / "ckpt" / PEER_SHAPES[s][0], peer_gguf(peer, PEER_SHAPES[s][1], peer_quant)
         else:
             sys.exit(f"--shapes: unknown shape {s!r} (30m, 288m, granite1b)")
         if not (ckpt / "config.json").is_file() or not gguf.is_file():

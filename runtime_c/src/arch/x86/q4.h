@@ -34,6 +34,9 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
 
 #if defined(__F16C__)
 #define CB_HAS_Q4_ROWS4 1
+#ifndef CB_Q4_PREFETCH
+#define CB_Q4_PREFETCH 4096
+#endif
 
 /* the 32-bit partial sums of rows (a, b) of one block: low lane row a, high lane row b */
 static inline __m256i cb_q4_pair(const uint8_t *a, const uint8_t *b, __m256i qlo, __m256i qhi)
@@ -59,7 +62,11 @@ static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq
     const int f32_scales = t->scale_dtype == CB_F32;
     const uint8_t *sc = t->scales + r * blocks * (f32_scales ? 4u : 2u);
     __m128 acc = _mm_setzero_ps();
-    for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2) {
+    /* the four rows are 4 * stride contiguous bytes, 64 per block step: one line a step, CB_Q4_PREFETCH
+     * bytes ahead (four short streams interleaved are too short for the hardware prefetcher to pick up) */
+    const char *ahead = (const char *)w + CB_Q4_PREFETCH;
+    for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
+        _mm_prefetch(ahead, _MM_HINT_T0);
         const __m128i q16 = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK));
         const __m128i q16h = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK + 16));
         const __m256i qlo = _mm256_broadcastsi128_si256(q16), qhi = _mm256_broadcastsi128_si256(q16h);
