@@ -38,14 +38,20 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
 #define CB_Q4_PREFETCH 4096
 #endif
 
-/* the 32-bit partial sums of rows (a, b) of one block: low lane row a, high lane row b */
-static inline __m256i cb_q4_pair(const uint8_t *a, const uint8_t *b, __m256i qlo, __m256i qhi)
+/* rows a and b's 16 bytes of one block (low lane a, high lane b) as their low and high nibbles */
+static inline void cb_q4_unpack2(const uint8_t *a, const uint8_t *b, __m256i *lo, __m256i *hi)
 {
     const __m256i m4 = _mm256_set1_epi8(15);
     const __m256i raw = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
         _mm_loadu_si128((const __m128i *)(const void *)b), 1);
-    const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    *lo = _mm256_and_si256(raw, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+}
+
+/* the 32-bit partial sums of two rows' block (cb_q4_unpack2) with the block's activations in both lanes */
+static inline __m256i cb_q4_pair(__m256i lo, __m256i hi, __m256i qlo, __m256i qhi)
+{
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qlo), hi, qhi);
 #else
@@ -54,29 +60,24 @@ static inline __m256i cb_q4_pair(const uint8_t *a, const uint8_t *b, __m256i qlo
 #endif
 }
 
-/* out[i] = the dot of row r + i with one token (xq), i < 4: the scalar kernel's acc before cb_finish */
-static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[4])
+/* out[j][i] = the dot of row r + i with token j (xq[j]), i < 4, j < n <= 4: the scalar kernel's acc before
+ * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
+static inline __attribute__((always_inline)) void cb_q4_rows4(const cb_tensor *t, size_t r, const cb_xq *xq,
+                                                              size_t n, float (*out)[4])
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
     const int f32_scales = t->scale_dtype == CB_F32;
     const uint8_t *sc = t->scales + r * blocks * (f32_scales ? 4u : 2u);
-    __m128 acc = _mm_setzero_ps();
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     /* the four rows are 4 * stride contiguous bytes, 64 per block step: one line a step, CB_Q4_PREFETCH
      * bytes ahead (four short streams interleaved are too short for the hardware prefetcher to pick up) */
     const char *ahead = (const char *)w + CB_Q4_PREFETCH;
     for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
         _mm_prefetch(ahead, _MM_HINT_T0);
-        const __m128i q16 = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK));
-        const __m128i q16h = _mm_loadu_si128((const __m128i *)(const void *)(xq->q + b * CB_ACT_BLOCK + 16));
-        const __m256i qlo = _mm256_broadcastsi128_si256(q16), qhi = _mm256_broadcastsi128_si256(q16h);
-        const __m256i p01 = cb_q4_pair(w, w + stride, qlo, qhi);
-        const __m256i p23 = cb_q4_pair(w + 2 * stride, w + 3 * stride, qlo, qhi);
-        /* lane 0: row 0's and row 2's two halves, lane 1: row 1's and row 3's; then one sum each */
-        __m256i h = _mm256_hadd_epi32(p01, p23);
-        h = _mm256_hadd_epi32(h, h);
-        __m128i s = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        s = _mm_sub_epi32(s, _mm_set1_epi32(8 * xq->s[b]));
+        __m256i lo01, hi01, lo23, hi23;
+        cb_q4_unpack2(w, w + stride, &lo01, &hi01);
+        cb_q4_unpack2(w + 2 * stride, w + 3 * stride, &lo23, &hi23);
         __m128 scale;
         if (f32_scales) {
             const float *s32 = (const float *)(const void *)sc;
@@ -86,12 +87,35 @@ static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq
             scale = _mm_cvtph_ps(_mm_setr_epi16((short)s16[b], (short)s16[blocks + b], (short)s16[2 * blocks + b],
                                                 (short)s16[3 * blocks + b], 0, 0, 0, 0));
         }
-        __m128 f = _mm_cvtepi32_ps(s);
-        f = _mm_mul_ps(f, _mm_set1_ps(xq->d[b]));
-        f = _mm_mul_ps(f, scale);
-        acc = _mm_add_ps(acc, f);
+        for (size_t j = 0; j < n; j++) {
+            const int8_t *q = xq[j].q + b * CB_ACT_BLOCK;
+            const __m256i qlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)q));
+            const __m256i qhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(q + 16)));
+            /* lane 0: row 0's and row 2's two halves, lane 1: row 1's and row 3's; then one sum each */
+            __m256i h = _mm256_hadd_epi32(cb_q4_pair(lo01, hi01, qlo, qhi), cb_q4_pair(lo23, hi23, qlo, qhi));
+            h = _mm256_hadd_epi32(h, h);
+            __m128i s = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            s = _mm_sub_epi32(s, _mm_set1_epi32(8 * xq[j].s[b]));
+            __m128 f = _mm_cvtepi32_ps(s);
+            f = _mm_mul_ps(f, _mm_set1_ps(xq[j].d[b]));
+            f = _mm_mul_ps(f, scale);
+            acc[j] = _mm_add_ps(acc[j], f);
+        }
     }
-    _mm_storeu_ps(out, acc);
+    for (size_t j = 0; j < n; j++)
+        _mm_storeu_ps(out[j], acc[j]);
+}
+
+/* one token (decode) and four tokens per pass (prefill) */
+static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[4])
+{
+    cb_q4_rows4(t, r, xq, 1, (float(*)[4])out);
+}
+
+#define CB_HAS_Q4_QUAD 1
+static inline void cb_q4_rows4x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[4])
+{
+    cb_q4_rows4(t, r, xq, 4, out);
 }
 #endif
 
