@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import QuantTensor, error_from_squared, quantize_measured, sum_squares
+from .quantize import KV_QUANT, QuantTensor, error_from_squared, quantize_measured, sum_squares
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -41,24 +41,37 @@ class Quantized:
 ATTN_TENSORS = ("embed", "attn.q", "attn.k", "attn.v", "attn.o", "attn.q_a", "attn.q_b", "attn.kv_a")
 
 
+# The projections whose output the KV cache holds (MLA's kv_a: the cached latent and rope key). Every later
+# position reads what they wrote, so their error reaches every token after it; with grouped-query heads
+# they are a small share of the weights. A 4-bit export keeps them at 8 bits (quantize.KV_QUANT).
+KV_TENSORS = ("attn.k", "attn.v", "attn.kv_a")
+
+
+def _kind(name: str) -> str:
+    return ".".join(name.split(".")[-2:])
+
+
 def is_attn_tensor(name: str) -> bool:
-    return name == "embed" or ".".join(name.split(".")[-2:]) in ATTN_TENSORS
+    return name == "embed" or _kind(name) in ATTN_TENSORS
 
 
 def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     """The quantization a tensor gets: norms, biases, router and shared gate stay float32, and so does
     MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att);
-    with `attn_quant`, the ATTN_TENSORS get that one."""
+    with `attn_quant`, the ATTN_TENSORS get that one; a 4-bit `quant` gives the KV_TENSORS its 8-bit
+    flavour (KV_QUANT)."""
     if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.kv_b", "attn.sinks")):
         return "f32"
     if attn_quant is not None and is_attn_tensor(name):
         return attn_quant
+    if quant in KV_QUANT and _kind(name) in KV_TENSORS:
+        return KV_QUANT[quant]
     return quant
 
 
 def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
-    """The quantizations an export's matrices get: --quant's, and --attn-quant's if given."""
-    return {quant} | ({attn_quant} if attn_quant else set())
+    """The quantizations an export's matrices may get: --quant's, its KV_QUANT, and --attn-quant's."""
+    return {quant} | ({KV_QUANT[quant]} if quant in KV_QUANT else set()) | ({attn_quant} if attn_quant else set())
 
 
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,

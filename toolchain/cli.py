@@ -210,9 +210,10 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
                    help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
                         f"{INT4C_OUTLIER_FRAC} for int4c)")
     e.add_argument("--attn-quant", default=None, choices=QUANTS,
-                   help="quantization of the token embedding and the attention matrices (default: --quant's); "
-                        "f16 there with int8c experts beats llama.cpp's Q8_0 by 2-8x in KL at ~8.4 bits/weight "
-                        "at Mixtral widths (bench/quant_table.py)")
+                   help="quantization of the token embedding and the attention matrices (default: --quant's, "
+                        "with K and V 8-bit in int4/int4c); f16 there with int8c experts beats llama.cpp's Q8_0 "
+                        "by 2-8x in KL at ~8.4 bits/weight at Mixtral widths, int8c there with int4c experts "
+                        "its Q4_K_M by 2-5x under its bits (bench/quant_table.py)")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
