@@ -53,30 +53,28 @@
 CB_MATMUL_Q4(cb_matmul_q4_def, cb_dot32_q4_scalar)
 CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
 
-#if defined(CB_HAS_Q4_ROWS4)
-/* Four rows at a time (cb_q4_rows4_isa: the same acc per row and token as cb_matmul_q4_def; with
- * CB_HAS_Q4_QUAD four tokens per pass over the rows), then each row's cb_finish in row order, so the
- * correction walk is the one-row kernel's; the rows past the last four go through that kernel. */
+#if defined(CB_HAS_Q4_ROWS)
+/* CB_Q4_ROWS rows at a time (cb_q4_rows_isa: the same acc per row and token as cb_matmul_q4_def; four
+ * tokens per pass over the rows where there are four), then each row's cb_finish in row order, so the
+ * correction walk is the one-row kernel's; the rows past the last CB_Q4_ROWS go through that kernel. */
 static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
 {
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
     size_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS) {
         cb_outl next = o;
-        float acc[4][4];
+        float acc[4][CB_Q4_ROWS];
         for (size_t j = 0; j < n;) {
             size_t m = 1;
-#if defined(CB_HAS_Q4_QUAD)
             if (j + 4 <= n) {
-                cb_q4_rows4x4_isa(t, r, &xq[j], acc);
+                cb_q4_rows_x4_isa(t, r, &xq[j], acc);
                 m = 4;
             } else
-#endif
-                cb_q4_rows4_isa(t, r, &xq[j], acc[0]);
+                cb_q4_rows_isa(t, r, &xq[j], acc[0]);
             for (size_t k = 0; k < m; k++, j++) {
                 next = o;
-                for (size_t i = 0; i < 4; i++)
+                for (size_t i = 0; i < CB_Q4_ROWS; i++)
                     next = cb_finish(t, next, r + i, x[j], acc[k][i], alpha[j], y[j], accumulate);
             }
         }

@@ -5,11 +5,15 @@
  * 32 int8 activations (pairs of at most 2 * 15 * 127: no saturation), PMADDWD with ones, a horizontal
  * add; minus 8 * qsum for the nibbles' offset.
  *
- * cb_q4_rows4_isa: four rows' dots with one token, each the scalar kernel's float steps in block order
- * (f = isum, f *= d[b], f *= scale[r][b], acc += f: one lane per row, no contraction). Two rows share a
- * YMM (row i's 16 bytes in the low lane, row i + 1's in the high one) against the block's activations
- * broadcast to both lanes; VPDPBUSD (AVX-512 VNNI with VL) or PMADDUBSW + PMADDWD give four int32
- * partial sums per row, and two PHADDDs and an unpack leave the four rows' block sums in one XMM.
+ * cb_q4_rows_isa: CB_Q4_ROWS rows' dots with one token (cb_q4_rows_x4_isa: with four), each the scalar
+ * kernel's float steps in block order (f = isum, f *= d[b], f *= scale[r][b], acc += f: one lane per row,
+ * no contraction).
+ * - AVX-512 (F, BW, VL, VNNI): eight rows, four to a ZMM (one row's 16 bytes per 128-bit lane) against the
+ *   block's activations broadcast to every lane; VPDPBUSD gives four int32 partial sums per row, an
+ *   unpack and two adds the rows' block sums, one permute puts rows 0-7 in order in a YMM.
+ * - AVX2: four rows, two to a YMM (row i's 16 bytes in the low lane, row i + 1's in the high one);
+ *   VPDPBUSD (AVX-512 VNNI with VL) or PMADDUBSW + PMADDWD, then two PHADDDs and an unpack leave the four
+ *   rows' block sums in one XMM.
  * All sums are exact int32 and the float steps are the scalar kernel's per row, so the result is the
  * scalar definition's bit for bit. Included by kernels_q8.c only.
  */
@@ -32,8 +36,83 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
     return _mm_cvtsi128_si32(s) - 8 * qsum;
 }
 
-#if defined(__F16C__)
-#define CB_HAS_Q4_ROWS4 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define CB_HAS_Q4_ROWS 1
+#define CB_Q4_ROWS 8
+#ifndef CB_Q4_PREFETCH
+#define CB_Q4_PREFETCH 4096
+#endif
+
+/* rows w, w + stride, w + 2 stride, w + 3 stride: one block's 16 bytes each, one per 128-bit lane, as their
+ * low and high nibbles */
+static inline void cb_q4_unpack4(const uint8_t *w, size_t stride, __m512i *lo, __m512i *hi)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)w));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(const void *)(w + stride)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(const void *)(w + 2 * stride)), 2);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(const void *)(w + 3 * stride)), 3);
+    *lo = _mm512_and_si512(raw, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+}
+
+/* out[j][i] = the dot of row r + i with token j (xq[j]), i < 8, j < n <= 4: the scalar kernel's acc before
+ * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
+static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
+                                                             size_t n, float (*out)[CB_Q4_ROWS])
+{
+    const size_t blocks = t->n_groups, stride = t->row_stride;
+    const uint8_t *w = t->data + r * stride;
+    const int f32_scales = t->scale_dtype == CB_F32;
+    const uint8_t *sc = t->scales + r * blocks * (f32_scales ? 4u : 2u);
+    /* after the unpack and adds, lane k holds row k's sum in its dword 0 and row 4 + k's in dword 1 */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    /* the eight rows are 8 * stride contiguous bytes, 128 per block step: two lines a step, CB_Q4_PREFETCH
+     * bytes ahead (eight short streams interleaved are too short for the hardware prefetcher to pick up) */
+    const char *ahead = (const char *)w + CB_Q4_PREFETCH;
+    for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 128) {
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        __m512i lo03, hi03, lo47, hi47;
+        cb_q4_unpack4(w, stride, &lo03, &hi03);
+        cb_q4_unpack4(w + 4 * stride, stride, &lo47, &hi47);
+        __m256 scale;
+        if (f32_scales) {
+            const float *s32 = (const float *)(const void *)sc;
+            scale = _mm256_setr_ps(s32[b], s32[blocks + b], s32[2 * blocks + b], s32[3 * blocks + b],
+                                   s32[4 * blocks + b], s32[5 * blocks + b], s32[6 * blocks + b], s32[7 * blocks + b]);
+        } else {
+            const uint16_t *s16 = (const uint16_t *)(const void *)sc;
+            scale = _mm256_cvtph_ps(_mm_setr_epi16((short)s16[b], (short)s16[blocks + b], (short)s16[2 * blocks + b],
+                                                   (short)s16[3 * blocks + b], (short)s16[4 * blocks + b],
+                                                   (short)s16[5 * blocks + b], (short)s16[6 * blocks + b],
+                                                   (short)s16[7 * blocks + b]));
+        }
+        for (size_t j = 0; j < n; j++) {
+            const int8_t *q = xq[j].q + b * CB_ACT_BLOCK;
+            const __m512i qlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)q));
+            const __m512i qhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(q + 16)));
+            const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo03, qlo), hi03, qhi);
+            const __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo47, qlo), hi47, qhi);
+            /* lane k: (a0 + a2, c0 + c2, a1 + a3, c1 + c3), then the two halves added */
+            __m512i h = _mm512_add_epi32(_mm512_unpacklo_epi32(a, c), _mm512_unpackhi_epi32(a, c));
+            h = _mm512_add_epi32(h, _mm512_shuffle_epi32(h, _MM_PERM_BADC));
+            __m256i s = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, h));
+            s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xq[j].s[b]));
+            __m256 f = _mm256_cvtepi32_ps(s);
+            f = _mm256_mul_ps(f, _mm256_set1_ps(xq[j].d[b]));
+            f = _mm256_mul_ps(f, scale);
+            acc[j] = _mm256_add_ps(acc[j], f);
+        }
+    }
+    for (size_t j = 0; j < n; j++)
+        _mm256_storeu_ps(out[j], acc[j]);
+}
+
+#elif defined(__F16C__)
+#define CB_HAS_Q4_ROWS 1
+#define CB_Q4_ROWS 4
 #ifndef CB_Q4_PREFETCH
 #define CB_Q4_PREFETCH 4096
 #endif
@@ -62,8 +141,8 @@ static inline __m256i cb_q4_pair(__m256i lo, __m256i hi, __m256i qlo, __m256i qh
 
 /* out[j][i] = the dot of row r + i with token j (xq[j]), i < 4, j < n <= 4: the scalar kernel's acc before
  * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
-static inline __attribute__((always_inline)) void cb_q4_rows4(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                              size_t n, float (*out)[4])
+static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
+                                                             size_t n, float (*out)[CB_Q4_ROWS])
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -106,16 +185,18 @@ static inline __attribute__((always_inline)) void cb_q4_rows4(const cb_tensor *t
         _mm_storeu_ps(out[j], acc[j]);
 }
 
+#endif
+
+#if defined(CB_HAS_Q4_ROWS)
 /* one token (decode) and four tokens per pass (prefill) */
-static inline void cb_q4_rows4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[4])
+static inline void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[CB_Q4_ROWS])
 {
-    cb_q4_rows4(t, r, xq, 1, (float(*)[4])out);
+    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out);
 }
 
-#define CB_HAS_Q4_QUAD 1
-static inline void cb_q4_rows4x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[4])
+static inline void cb_q4_rows_x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[CB_Q4_ROWS])
 {
-    cb_q4_rows4(t, r, xq, 4, out);
+    cb_q4_rows(t, r, xq, 4, out);
 }
 #endif
 
