@@ -25,14 +25,20 @@ $PEER/gguf/NAME-{f32,q8_0,q4_0,q4_k_m}.gguf (PEER defaults to /tmp/peer), made b
     ../shared/peer/build_llamacpp.sh --convert CKPT NAME Q4_0 Q4_K_M
 and read with $PEER/tools/logits (or --logits-tool PATH: the logits.c of that script, compiled), with an
 f32 K/V cache (LOGITS_EXACT=1), as colibri's. Their bits/w is the GGUF's tensor bytes over all weights.
-Decode tok/s is not measured here (bench/speed.py, on a quiet machine).
+--speed R adds decode tok/s, 1 thread, 128 tokens from a one-token prompt: every colibri variant built for
+`host` with SCons (QUANT=, ATTN_QUANT=, ACTIVATIONS=float as the row says; into --work) and run as
+`colibri_demo --generate 128`, and llama.cpp's GGUFs run by its own `llama-bench -p 0 -n 128 -t 1`
+(PEER/llama.cpp/build/bin), interleaved over R rounds (the order alternating), median [min-max], with the
+load average before and after. A figure taken while anything else runs on the machine is not a figure.
 The checkpoints of the table: bench/hf_checkpoints.py (transformers: plain, heavy-tailed, outlier channels).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -207,6 +213,49 @@ def gguf_tensor_bytes(path: Path) -> int:
     return len(raw) - data
 
 
+DECODE = 128  # llama-bench's tg128
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def build_variant(work: Path, ckpt: Path, quant: str, int_act: bool, attn: str | None) -> Path:
+    """colibri_demo of one variant, built for host by SCons."""
+    from colibri.toolchain.scons.layout import output_dirs
+
+    argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={work}", f"MODEL={ckpt}", "TARGET=host",
+            f"QUANT={quant}", f"MAX_SEQ={DECODE + 8}", *([f"ATTN_QUANT={attn}"] if attn else []),
+            *([] if int_act or quant not in ("int8", "int8c") else ["ACTIVATIONS=float"])]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return output_dirs(res.stdout)["host"] / "colibri_demo"
+
+
+def colibri_decode(demo: Path) -> float:
+    out = subprocess.run([str(demo), "--tokens", "1", "--generate", str(DECODE), "--threads", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(next(x for x in out.splitlines() if x.startswith("tok/s: ")).split()[1])
+
+
+def llama_decode(gguf: Path) -> float:
+    argv = [str(PEER / "llama.cpp" / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-t", "1", "-p", "0",
+            "-n", str(DECODE), "-r", "1", "-o", "json"]
+    res = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return float(json.loads(res.stdout)[0]["avg_ts"])
+
+
+def speed_table(runs: dict[str, Callable[[], float]], rounds: int) -> None:
+    """Decode tok/s of every row, interleaved round by round."""
+    print(f"decode tok/s, 1 thread, tg{DECODE}, {rounds} interleaved rounds; load average {os.getloadavg()[0]:.2f}")
+    got: dict[str, list[float]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for label in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            got[label].append(runs[label]())
+    for label, xs in got.items():
+        print(f"{label:<24} {statistics.median(xs):9.1f} [{min(xs):.1f}-{max(xs):.1f}]")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", type=Path)
@@ -214,6 +263,8 @@ def main() -> int:
     ap.add_argument("--len", type=int, default=16, dest="length")
     ap.add_argument("--llamacpp", metavar="NAME", default=None)
     ap.add_argument("--logits-tool", type=Path, default=PEER / "tools" / "logits")
+    ap.add_argument("--speed", type=int, default=0, metavar="ROUNDS", help="decode tok/s over ROUNDS rounds")
+    ap.add_argument("--work", type=Path, default=ROOT / "build" / "quant_table", help="--speed's builds")
     ap.add_argument("--jitter", type=float, default=0.003,
                     help="the noise-floor row: int8 with every scale times 1 + JITTER (0: no such row)")
     a = ap.parse_args()
@@ -248,6 +299,16 @@ def main() -> int:
         bits = 8 * gguf_tensor_bytes(gguf) / n_weights
         print(row("llama.cpp " + label, bits, base, llamacpp_logits(a.logits_tool, gguf, seqs)), flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
+    if a.speed:
+        runs: dict[str, Callable[[], float]] = {}
+        for label, quant, _g, int_act, attn in VARIANTS:
+            demo = build_variant(a.work, a.ckpt.resolve(), quant, int_act, attn)
+            runs["colibri " + label] = lambda demo=demo: colibri_decode(demo)
+        for label, suffix in LLAMACPP if a.llamacpp else ():
+            gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
+            if gguf.is_file():
+                runs["llama.cpp " + label] = lambda gguf=gguf: llama_decode(gguf)
+        speed_table(runs, a.speed)
     return 0
 
 
