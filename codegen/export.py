@@ -24,7 +24,7 @@ from .format import KV_DTYPES, blob_names, feature_flags, flags_not_run, tensor_
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, mla_cache_bytes, plan_arena
 from .progress import tensor_progress
-from .quantize import DEFAULT_QUANT, INT4_QUANTS, QUANTS, QuantTensor, default_outlier_frac
+from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, QuantTensor, default_outlier_frac
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
@@ -179,8 +179,8 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
     if opts.attn_quant in INT4_QUANTS and not opts.int8_activations:
         raise ExportError(ckpt_dir, f"--attn-quant {opts.attn_quant} has integer-activation kernels only "
                                     "(drop --float-activations)")
-    if not 0.0 <= opts.outlier_frac <= 0.1:
-        raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, 0.1]")
+    if not 0.0 <= opts.outlier_frac <= MAX_OUTLIER_FRAC:
+        raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, {MAX_OUTLIER_FRAC}]")
     if opts.quant in INT4_QUANTS and not opts.int8_activations:
         raise ExportError(ckpt_dir, f"--quant {opts.quant} has integer-activation kernels only "
                                     "(drop --float-activations)")

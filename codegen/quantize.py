@@ -27,6 +27,7 @@ import numpy as np
 QUANTS = ("f32", "f16", "int8", "int8c", "int4", "int4c")  # the choices of --quant and QUANT=
 DEFAULT_QUANT = "int8c"  # what `colibri export` and `colibri build` use unless told
 DEFAULT_OUTLIER_FRAC = 0.005
+MAX_OUTLIER_FRAC = 0.1  # the largest --outlier-frac taken
 INT4_QUANTS = ("int4", "int4c")
 INT4_GROUP = 32  # inputs per int4 scale: the activation block (layout.ACT_BLOCK)
 INT4C_OUTLIER_FRAC = 0.001  # 4.5 + 0.001 * 32 = 4.532 bits a weight in the int4c matrices
