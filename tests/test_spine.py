@@ -166,7 +166,7 @@ def test_arena_size_agrees_with_header(golden_ckpts, build_model):
 
 
 def test_sparse_far_apart_corrections(tmp_path, build_model):
-    """A big embedding with few corrections: gaps beyond 65535 need filler entries."""
+    """A big matrix (the lm_head, 6000 x 48) with few corrections: gaps beyond 65535 need filler entries."""
     from conftest import synth
 
     ckpt = synth(tmp_path / "sparse", layers=1, hidden=48, ffn=64, heads=4, kv_heads=2, experts=2, top_k=1,
@@ -174,10 +174,10 @@ def test_sparse_far_apart_corrections(tmp_path, build_model):
     out = build_model(ckpt, "int8c", "host", "OUTLIER_FRAC=0.00003")
     spec = open_checkpoint(ckpt).spec
     raw = (out / "model.bin").read_bytes()
-    from blobread import entries
-    embed = entries(raw)[0]
-    gaps = np.frombuffer(raw, dtype="<u2", count=embed["n_outliers"], offset=embed["oidx_off"])
-    assert embed["n_outliers"] >= 2 and gaps.max() == 0xFFFF, "expected filler entries in the embedding"
+    from blobread import SECTION_KINDS, canonical_name, entries
+    head = next(e for e in entries(raw) if e["kind"] not in SECTION_KINDS and canonical_name(e) == "lm_head")
+    gaps = np.frombuffer(raw, dtype="<u2", count=head["n_outliers"], offset=head["oidx_off"])
+    assert head["n_outliers"] >= 2 and gaps.max() == 0xFFFF, "expected filler entries in the lm_head"
     deq = blob_weights(out / "model.bin")
     ref = Reference(spec, deq, max_seq=256)
     for how, m in _models(out).items():
