@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import KV_QUANT, MAX_OUTLIER_FRAC, QuantTensor, error_from_squared, quantize_measured, sum_squares
+from .quantize import KV_QUANT, QuantTensor, error_from_squared, quantize_measured, sum_squares
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -70,12 +70,12 @@ def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
 
 
 # int8c's own default for the ATTN_TENSORS, with the default per-row scales: every token passes through them
-# (an expert sees a share of the tokens), so they get scales per ATTN_GROUP inputs and ATTN_OUTLIER_SCALE
-# times the corrections. On bench/hf_checkpoints.py's checkpoints (seed 1, bench/quant_table.py) that
-# takes int8c's mean KL from 1.19x/1.18x/0.90x llama.cpp Q8_0's to 1.09x/0.66x/0.57x (plain, heavy-tailed,
-# outlier channels) for 0.07 bits a weight (8.30 against Q8_0's 8.52), and decode stays within 1%.
+# (an expert sees a share of the tokens), so they get scales per ATTN_GROUP inputs. On bench/hf_checkpoints.py's
+# checkpoints (seed 1, bench/quant_table.py) that takes int8c's mean KL from 1.19x/1.18x/0.90x llama.cpp
+# Q8_0's to 1.13x/0.69x/0.72x (plain, heavy-tailed, outlier channels) for 0.03 bits a weight. Four times the
+# corrections there as well gave 1.09x/0.66x/0.57x, but cost 12% of the 288M shape's decode (twice the
+# corrections a token): not kept.
 ATTN_GROUP = 32
-ATTN_OUTLIER_SCALE = 4
 
 
 def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
@@ -85,7 +85,7 @@ def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
     if tq != quant:  # another quantization than --quant: its own default corrections
         return tq, group_size, None
     if quant == "int8c" and group_size == 0 and is_attn_tensor(name):
-        return tq, ATTN_GROUP, min(ATTN_OUTLIER_SCALE * outlier_frac, MAX_OUTLIER_FRAC)
+        return tq, ATTN_GROUP, outlier_frac
     return tq, group_size, outlier_frac
 
 
