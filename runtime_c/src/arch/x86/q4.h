@@ -36,7 +36,7 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
     return _mm_cvtsi128_si32(s) - 8 * qsum;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define CB_HAS_Q4_ROWS 1
 #define CB_Q4_ROWS 8
 #ifndef CB_Q4_PREFETCH
