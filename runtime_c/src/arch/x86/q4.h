@@ -36,12 +36,13 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
     return _mm_cvtsi128_si32(s) - 8 * qsum;
 }
 
+#ifndef CB_Q4_PREFETCH
+#define CB_Q4_PREFETCH 4096 /* bytes ahead of the rows' walk (the row kernels below) */
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define CB_HAS_Q4_ROWS 1
 #define CB_Q4_ROWS 8
-#ifndef CB_Q4_PREFETCH
-#define CB_Q4_PREFETCH 4096
-#endif
 
 /* rows w, w + stride, w + 2 stride, w + 3 stride: one block's 16 bytes each, one per 128-bit lane, as their
  * low and high nibbles */
@@ -113,9 +114,6 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
 #elif defined(__F16C__)
 #define CB_HAS_Q4_ROWS 1
 #define CB_Q4_ROWS 4
-#ifndef CB_Q4_PREFETCH
-#define CB_Q4_PREFETCH 4096
-#endif
 
 /* rows a and b's 16 bytes of one block (low lane a, high lane b) as their low and high nibbles */
 static inline void cb_q4_unpack2(const uint8_t *a, const uint8_t *b, __m256i *lo, __m256i *hi)
