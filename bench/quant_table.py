@@ -27,7 +27,7 @@ and read with $PEER/tools/logits (or --logits-tool PATH: the logits.c of that sc
 f32 K/V cache (LOGITS_EXACT=1), as colibri's. Their bits/w is the GGUF's tensor bytes over all weights.
 --speed R adds decode tok/s, 1 thread, 128 tokens from a one-token prompt: every colibri variant built for
 `host` with SCons (QUANT=, ATTN_QUANT=, ACTIVATIONS=float as the row says; into --work) and run as
-`colibri_demo --generate 128`, and llama.cpp's GGUFs run by its own `llama-bench -p 0 -n 128 -t 1`
+`colibri_demo --generate 128`, and llama.cpp's GGUFs run by its own `llama-bench -p 512 -n 128 -t 1` (its tg128)
 (PEER/llama.cpp/build/bin), interleaved over R rounds (the order alternating), median [min-max], with the
 load average before and after. A figure taken while anything else runs on the machine is not a figure.
 The checkpoints of the table: bench/hf_checkpoints.py (transformers: plain, heavy-tailed, outlier channels).
@@ -36,7 +36,6 @@ The checkpoints of the table: bench/hf_checkpoints.py (transformers: plain, heav
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import struct
@@ -55,6 +54,10 @@ from colibri.codegen.quantize import QuantTensor, default_outlier_frac  # noqa: 
 from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
 from colibri.codegen.stream import quantize_tensor  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import speed  # noqa: E402  (bench/speed.py: its builds and runs)
+from speed import DECODE, ROOT  # noqa: E402
 
 PEER = Path(os.environ.get("PEER", "/tmp/peer"))
 LLAMACPP = (("f32", "f32"), ("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_K_M", "q4_k_m"))
@@ -213,35 +216,19 @@ def gguf_tensor_bytes(path: Path) -> int:
     return len(raw) - data
 
 
-DECODE = 128  # llama-bench's tg128
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-
-
 def build_variant(work: Path, ckpt: Path, quant: str, int_act: bool, attn: str | None) -> Path:
-    """colibri_demo of one variant, built for host by SCons."""
-    from colibri.toolchain.scons.layout import output_dirs
-
-    argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={work}", f"MODEL={ckpt}", "TARGET=host",
-            f"QUANT={quant}", f"MAX_SEQ={DECODE + 8}", *([f"ATTN_QUANT={attn}"] if attn else []),
-            *([] if int_act or quant not in ("int8", "int8c") else ["ACTIVATIONS=float"])]
-    res = subprocess.run(argv, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return output_dirs(res.stdout)["host"] / "colibri_demo"
+    """colibri_demo of one variant, built for host by SCons (bench/speed.py's build)."""
+    extra = (*([f"ATTN_QUANT={attn}"] if attn else []),
+             *([] if int_act or quant not in ("int8", "int8c") else ["ACTIVATIONS=float"]))
+    return speed.build(work, ckpt, ["host"], quant, extra)["host"] / "colibri_demo"
 
 
 def colibri_decode(demo: Path) -> float:
-    out = subprocess.run([str(demo), "--tokens", "1", "--generate", str(DECODE), "--threads", "1"],
-                         capture_output=True, text=True, check=True).stdout
-    return float(next(x for x in out.splitlines() if x.startswith("tok/s: ")).split()[1])
+    return float(speed.demo_run(demo, [1], DECODE, 1)["tok/s"])
 
 
 def llama_decode(gguf: Path) -> float:
-    argv = [str(PEER / "llama.cpp" / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-t", "1", "-p", "0",
-            "-n", str(DECODE), "-r", "1", "-o", "json"]
-    res = subprocess.run(argv, capture_output=True, text=True, check=True)
-    return float(json.loads(res.stdout)[0]["avg_ts"])
+    return speed.llama_sample(PEER / "llama.cpp" / "build" / "bin" / "llama-bench", gguf, 1)["decode"]
 
 
 def speed_table(runs: dict[str, Callable[[], float]], rounds: int) -> None:

@@ -173,9 +173,10 @@ def llama_sample(bench: Path, gguf: Path, threads: int) -> dict:
     return out
 
 
-def build(work: Path, ckpt: Path, targets: list[str], quant: str) -> dict[str, Path]:
+def build(work: Path, ckpt: Path, targets: list[str], quant: str, extra: tuple[str, ...] = ()) -> dict[str, Path]:
+    """{target: output directory} of one SCons build into WORK/b; extra: more SCons options."""
     argv = [str(BIN / "scons"), "-C", str(ROOT), "-Q", "-j2", f"BUILD={work / 'b'}", f"MODEL={ckpt}",
-            f"TARGET={','.join(targets)}", f"QUANT={quant}", f"MAX_SEQ={PREFILL + DECODE + 8}"]
+            f"TARGET={','.join(targets)}", f"QUANT={quant}", f"MAX_SEQ={PREFILL + DECODE + 8}", *extra]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
