@@ -13,6 +13,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from . import crc32
 from . import format as fmt
 from .format import ALIGN, ENTRY_BYTES, HEADER_BYTES, ROW_ALIGN, feature_flags
 from .layout import is_q8, pack_int4, tile, tile_scales
@@ -72,17 +73,25 @@ class BlobWriter:
         self.n_tensors = n_tensors
         self.header_bytes = header_bytes(n_tensors)
         self.pos = self.header_bytes
+        self.body_crc = 0  # zlib.crc32 of the blob from header_bytes to pos, summed as it is written
         self.entries: list[bytes] = []
         self.records: list[TensorRecord] = []
         self.int4 = False  # an int4/int4c tensor was written: format 1.3
         self.tokenizer = False  # the tokenizer section was written (the table's last entry)
         f.seek(self.pos)
 
+    def _pad_to(self, pos: int) -> None:
+        """Zeros up to pos (the file is zero-extended by the next write or finish's truncate)."""
+        self.body_crc = zlib.crc32(bytes(pos - self.pos), self.body_crc)
+        self.pos = pos
+
     def _put(self, arr: np.ndarray) -> int:
-        self.pos = align_up(self.pos, ALIGN)
+        self._pad_to(align_up(self.pos, ALIGN))
         self.f.seek(self.pos)
         start = self.pos
-        self.f.write(np.ascontiguousarray(arr).tobytes())
+        data = memoryview(np.ascontiguousarray(arr)).cast("B")  # the array's own bytes, no copy
+        self.f.write(data)
+        self.body_crc = zlib.crc32(data, self.body_crc)
         self.pos += arr.nbytes
         return start
 
@@ -141,6 +150,7 @@ class BlobWriter:
             raise AssertionError(f"blob has {len(self.entries)} tensors, expected {self.n_tensors}")
         blob_bytes = align_up(self.pos, ALIGN)
         self.f.truncate(blob_bytes)  # zero-extends up to the 64-byte boundary
+        self._pad_to(blob_bytes)
         flags = blob_flags(spec, plan, self.tokenizer)
         minor = format_minor(spec, plan, self.int4, self.tokenizer)
         xq = plan.buffers[-1].offset if plan.buffers[-1].name == fmt.XQ_BUFFER.name else 0
@@ -165,11 +175,7 @@ class BlobWriter:
         head = head.ljust(self.header_bytes, b"\0")
         self.f.seek(0)
         self.f.write(head)
-        self.f.flush()
-        crc = zlib.crc32(head[fmt.CRC_FROM:])
-        self.f.seek(self.header_bytes)
-        while chunk := self.f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
+        crc = crc32.combine(zlib.crc32(head[fmt.CRC_FROM:]), self.body_crc, blob_bytes - self.header_bytes)
         crc_field = fmt.H["crc32"]
         self.f.seek(crc_field.offset)
         self.f.write(struct.pack(crc_field.fmt, crc))

@@ -20,6 +20,7 @@ test_symmetric_beats_offset_at_equal_bits).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,9 +47,10 @@ MAX_GAP = 0xFFFF
 # the whole-array computation, so their exports stay byte for byte what they were.
 LEAN_MIN_WEIGHTS = 4_000_000
 CHUNK_WEIGHTS = 1 << 20
-ERROR_CHUNK_WEIGHTS = 1 << 16  # error sums go by chunks that stay in the cache
+ERROR_CHUNK_WEIGHTS = 1 << 18  # error sums go by chunks of 1 MB of float32 (smaller ones cost more in calls)
 INT4_CHUNK_WEIGHTS = 1 << 16  # the int4 scale search goes by chunks whose float64 temporaries stay in the cache
 SAMPLE_STEP = 16  # outlier selection: every 16th score estimates a bound below the threshold
+SAMPLE_MIN_ROWS = 256  # from this many rows on, the sample is every 16th row
 
 
 @dataclass
@@ -196,41 +198,75 @@ def quantize_measured(
 ) -> tuple[QuantTensor, float]:
     """quantize() and qt.squared_error(w), the error (int8, int8c) summed in the pass that quantizes:
     the same float64 differences in the same chunks as squared_error, so the same sum."""
-    qt, sq = _quantize(w, quant, group_size, outlier_frac, measure=True)
+    qt, sq, _ = _quantize(w, quant, group_size, outlier_frac, measure=True)
     if sq is None:
         sq = qt.squared_error(w)
     return qt, sq
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A quantized tensor with its float64 sums over the source W: the squared error, sum(W^2), and the
+    squared error plain int8 would have (None unless asked for)."""
+
+    qt: QuantTensor
+    sq_err: float
+    norm2: float
+    plain_int8_sq_err: float | None = None
+
+
+def quantize_report(w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None,
+                    plain_int8: bool = False) -> Measured:
+    """quantize_measured(), sum_squares(w) and, with `plain_int8`, quantize_measured(w, "int8")'s error: for
+    an int8c tensor all three are summed in the chunk loop that quantizes it, while each chunk is in the
+    cache (the same float64 sums, chunk by chunk, as the separate calls)."""
+    fused = plain_int8 and quant == "int8c"
+    qt, sq, extra = _quantize(w, quant, group_size, outlier_frac, measure=True, extra=fused)
+    if sq is None:
+        sq = qt.squared_error(w)
+    if extra is None:
+        alt = quantize_measured(w, "int8", group_size=group_size, outlier_frac=outlier_frac)[1] if plain_int8 \
+            else None
+        return Measured(qt, sq, sum_squares(w), alt)
+    return Measured(qt, sq, *extra)
+
+
 def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | None,
-              measure: bool) -> tuple[QuantTensor, float | None]:
+              measure: bool, extra: bool = False) -> tuple[QuantTensor, float | None, tuple[float, float] | None]:
+    """The tensor, its squared error if measured in the loop (else None), and with `extra` (int8/int8c)
+    (sum(W^2), plain int8's squared error) if summed in the loop (else None)."""
     if outlier_frac is None:
         outlier_frac = default_outlier_frac(quant)
     w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1]) if w.ndim else w
     rows, cols = w2.shape
     if quant == "f32":
-        return QuantTensor("f32", rows, cols, w2), None
+        return QuantTensor("f32", rows, cols, w2), None, None
     if quant == "f16":
-        return QuantTensor("f16", rows, cols, w2.astype(np.float16)), None
+        return QuantTensor("f16", rows, cols, w2.astype(np.float16)), None, None
     if quant in INT4_QUANTS:
-        return _quantize_int4(w2, quant, outlier_frac), None
+        return _quantize_int4(w2, quant, outlier_frac), None, None
     if quant not in ("int8", "int8c"):
         raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
     g = cols if group_size <= 0 or group_size >= cols else group_size
     n_out = int(outlier_frac * rows * cols) if quant == "int8c" else 0
-    mask = mag = None
+    idx = mag = plain = None
+    norm2 = float("nan")
     if n_out:
         mag = np.abs(w2)
-        mask = _outlier_mask(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
-    scales = _group_scales(w2, g, mask, mag)
-    idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32) if mask is not None else None
-    del mask, mag
-    q, oval, sq = _int8_values(w2, scales, g, idx, measure)
+        if extra:  # plain int8's scales, from |w| before the corrections' entries are left out of it
+            plain = _stored_scales(_padded_groups(mag, g, 0.0).max(axis=2))
+        idx, norm2 = _outlier_index(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
+    scales = _group_scales(w2, g, idx, mag)
+    idx = idx.astype(np.uint32) if idx is not None else None
+    del mag
+    if extra and plain is None:
+        plain = scales
+    q, oval, sq, sums = _int8_values(w2, scales, g, idx, measure, plain, norm2)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales)
     if idx is not None:
         qt.oidx = idx
         qt.oval = oval
-    return qt, sq
+    return qt, sq, sums
 
 
 def _residuals(w2: np.ndarray, s32: np.ndarray, g: int, q: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -240,11 +276,14 @@ def _residuals(w2: np.ndarray, s32: np.ndarray, g: int, q: np.ndarray, idx: np.n
     return np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
 
 
-def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | None, measure: bool
-                 ) -> tuple[np.ndarray, np.ndarray | None, float | None]:
+def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | None, measure: bool,
+                 plain: np.ndarray | None = None, norm2: float = float("nan")
+                 ) -> tuple[np.ndarray, np.ndarray | None, float | None, tuple[float, float] | None]:
     """rint(W / S) clipped to [-127, 127] (0 where S is 0), by row chunks; f32 division as a whole matrix.
     With idx (sorted flat indices) also the corrections W - S*Q there (_residuals); with `measure` also
-    sum((W - S*Q - E)^2) in float64, chunk by chunk as _chunked_sq_diff sums it (None if not measured)."""
+    sum((W - S*Q - E)^2) in float64, chunk by chunk as _chunked_sq_diff sums it (None if not measured);
+    with `plain` (plain int8's scales) also (sum(W^2), plain int8's squared error), summed in the same loop
+    (None where the groups do not divide the rows); sum(W^2) is `norm2` where that is known (not NaN)."""
     rows, cols = w2.shape
     s32 = scales.astype(np.float32)
     n_groups = s32.shape[1]
@@ -253,35 +292,58 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | N
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where(s_full > 0, np.rint(w2 / s_full), 0.0)
         q = np.clip(q, -127, 127).astype(np.int8)
-        return q, None if idx is None else _residuals(w2, s32, g, q, idx), None
+        return q, None if idx is None else _residuals(w2, s32, g, q, idx), None, None
+    p32 = None if plain is None else plain.astype(np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
     ovals: list[np.ndarray] = []
-    total = 0.0
-    for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS):
+    chunks = _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)
+    if idx is not None:  # each chunk's first correction, by one search in idx's own dtype
+        firsts = np.searchsorted(idx, np.array([c.start * cols for c in chunks] + [rows * cols], dtype=idx.dtype))
+    sum_w2 = math.isnan(norm2)
+    total = plain_total = 0.0
+    if sum_w2:
+        norm2 = 0.0
+    for k, c in enumerate(chunks):
         s = s32[c][:, :, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.divide(w2[c].reshape(-1, n_groups, g), s)
-        np.rint(t, out=t)
-        if not (s > 0).all():
-            t = np.where(s > 0, t, 0.0)
-        np.clip(t, -127, 127, out=t)
+        wc3 = w2[c].reshape(-1, n_groups, g)
+        t = _int8_rounded(wc3, s)
         q[c] = t.reshape(-1, cols)
         if idx is None and not measure:
             continue
         deq = np.multiply(s, t, out=t).reshape(-1)  # S*Q as dequantize_rows computes it (t holds Q exactly)
-        wc = w2[c].reshape(-1)
+        wc = wc3.reshape(-1)
         if idx is not None:
-            lo, hi = np.searchsorted(idx, [c.start * cols, c.stop * cols])
-            local = idx[lo:hi].astype(np.int64) - c.start * cols
+            local = idx[firsts[k]:firsts[k + 1]].astype(np.int64) - c.start * cols
             ov = np.clip(wc[local] - deq[local], -F16_MAX, F16_MAX).astype(np.float16)
             ovals.append(ov)
             deq[local] += ov.astype(np.float32)
-        if measure:  # both sides widened first: a float64 subtraction of float32 operands casts slowly
-            d = wc.astype(np.float64)
-            d -= deq.astype(np.float64)
-            total += float(np.sum(np.square(d, out=d).reshape(-1, cols)))
+        if measure:
+            total += _sq_diff_sum(wc, deq)
+        if p32 is not None:  # sum_squares' and plain int8's sums over this chunk, while it is in the cache
+            if sum_w2:
+                norm2 += float(np.sum(np.square(wc, dtype=np.float64)))
+            sp = p32[c][:, :, None]
+            tp = _int8_rounded(wc3, sp)
+            plain_total += _sq_diff_sum(wc, np.multiply(sp, tp, out=tp).reshape(-1))
     oval = None if idx is None else (np.concatenate(ovals) if ovals else np.zeros(0, dtype=np.float16))
-    return q, oval, total if measure else None
+    return q, oval, total if measure else None, None if p32 is None else (norm2, plain_total)
+
+
+def _int8_rounded(w3: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """rint(W / S) clipped to [-127, 127], 0 where S is 0, as a new float32 array (W by groups, S (.., .., 1))."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.divide(w3, s)
+    np.rint(t, out=t)
+    if not (s > 0).all():
+        t = np.where(s > 0, t, 0.0)
+    return np.clip(t, -127, 127, out=t)
+
+
+def _sq_diff_sum(w: np.ndarray, deq: np.ndarray) -> float:
+    """sum((W - D)^2) in float64, D (overwritten) the dequantized weights. W - D in float32 is exact
+    (Sterbenz: the two lie within a factor of 2 of each other, or D is 0), so its float64 square is the
+    float64 difference's."""
+    return float(np.sum(np.square(np.subtract(w, deq, out=deq), dtype=np.float64)))
 
 
 def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
@@ -293,19 +355,25 @@ def _padded_groups(a: np.ndarray, g: int, fill: float) -> np.ndarray:
     return a.reshape(rows, n_groups, g)
 
 
-def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray:
-    """The n_out entries standing furthest above their group's typical magnitude: of the scores
-    |w| / rms(group) (float64), the n_out largest. Every SAMPLE_STEP-th score gives a bound below the
-    n_out-th; only the entries whose |w| passes a float32 threshold just under the bound get their score
-    computed. Of the entries tied with the n_out-th score, `lean` takes those first in memory order;
-    otherwise, if a tie straddles the cut, an argpartition of every score decides (deterministic for a
-    given input, so exports stay byte-identical)."""
+def _outlier_index(mag: np.ndarray, g: int, n_out: int, lean: bool) -> tuple[np.ndarray, float]:
+    """The flat indices, ascending, of the n_out entries standing furthest above their group's typical
+    magnitude: of the scores |w| / rms(group) (float64), the n_out largest. Every SAMPLE_STEP-th score
+    gives a bound below the n_out-th; only the entries whose |w| passes a float32 threshold just under the
+    bound get their score computed. Of the entries tied with the n_out-th score, `lean` takes those first
+    in memory order; otherwise, if a tie straddles the cut, an argpartition of every score decides
+    (deterministic for a given input, so exports stay byte-identical). Also sum(W^2) in float64, from the
+    groups' sums (NaN if the groups do not divide the rows).
+
+    The sample that sets the bound is every SAMPLE_STEP-th row where there are enough rows (contiguous
+    reads; every SAMPLE_STEP-th entry otherwise): the indices do not depend on it, only how many scores
+    get computed (all of them if the bound comes out above the n_out-th score)."""
     rows, cols = mag.shape
     n = mag.size
     chunks = _row_chunks(rows, cols)
     # by smaller chunks, whose float64 squares stay in the cache (the same sums: each group's own)
-    rms = np.concatenate([_group_rms(mag[c], g) for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)])
-    rms = rms.reshape(rows, -1)
+    parts = [_group_rms(mag[c], g) for c in _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)]
+    rms = np.concatenate([r for r, _ in parts]).reshape(rows, -1)
+    norm2 = sum(t for _, t in parts)
 
     def scores_at(flat: np.ndarray) -> np.ndarray:  # the same float64 quotients as the whole score array
         return mag.reshape(-1)[flat] / rms.reshape(-1)[flat // cols * rms.shape[1] + flat % cols // g]
@@ -316,8 +384,11 @@ def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray
 
     cand = idx = None
     if lean or n >= 64 * SAMPLE_STEP:
-        at = np.arange(0, n, SAMPLE_STEP)
-        sample = mag.reshape(-1)[::SAMPLE_STEP] / rms.reshape(-1)[at // cols * rms.shape[1] + at % cols // g]
+        if rows >= SAMPLE_MIN_ROWS and cols % g == 0:
+            sample = (mag[::SAMPLE_STEP].reshape(-1, rms.shape[1], g) / rms[::SAMPLE_STEP][:, :, None]).reshape(-1)
+        else:
+            at = np.arange(0, n, SAMPLE_STEP)
+            sample = mag.reshape(-1)[::SAMPLE_STEP] / rms.reshape(-1)[at // cols * rms.shape[1] + at % cols // g]
         j = min(sample.size, 2 * (n_out // SAMPLE_STEP) + 64)
         bound = np.partition(sample, sample.size - j)[sample.size - j]
         vals, where = [], []
@@ -345,48 +416,44 @@ def _outlier_mask(mag: np.ndarray, g: int, n_out: int, lean: bool) -> np.ndarray
     tied = np.flatnonzero(cand == threshold)
     n_ties = n_out - int(np.count_nonzero(above))
     if idx is None:  # cand is every score, in memory order
-        mask = above
         if lean or n_ties == tied.size:
-            mask[tied[:n_ties]] = True
-        else:
-            mask = np.zeros(n, dtype=bool)
-            mask[np.argpartition(-cand, n_out - 1)[:n_out]] = True
-        return mask.reshape(rows, cols)
-    mask = np.zeros(n, dtype=bool)
-    mask[idx[above]] = True
+            return np.sort(np.concatenate([np.flatnonzero(above), tied[:n_ties]])), norm2
+        return np.sort(np.argpartition(-cand, n_out - 1)[:n_out]), norm2
     if lean or n_ties == tied.size:  # lean: of the tied, those first in memory order (idx is in that order)
-        mask[idx[tied[:n_ties]]] = True
-    else:  # a tie straddles the cut
-        score = every_score()
-        mask[:] = False
-        mask[np.argpartition(-score, n_out - 1)[:n_out]] = True
-    return mask.reshape(rows, cols)
+        return np.sort(np.concatenate([idx[above], idx[tied[:n_ties]]])), norm2
+    return np.sort(np.argpartition(-every_score(), n_out - 1)[:n_out]), norm2  # a tie straddles the cut
 
 
-def _group_rms(mag: np.ndarray, g: int) -> np.ndarray:
+def _group_rms(mag: np.ndarray, g: int) -> tuple[np.ndarray, float]:
+    """Each group's rms (1 where 0), and sum(W^2) in float64 (NaN if the groups do not divide the rows)."""
     rows, cols = mag.shape
     if cols % g:
         groups = _padded_groups(mag, g, np.nan)
         rms = np.sqrt(np.nanmean(groups.astype(np.float64) ** 2, axis=2, keepdims=True))
+        total = float("nan")
     else:  # nanmean's own sum and division when there is no padding
-        sq = mag.reshape(rows, cols // g, g).astype(np.float64)
-        np.square(sq, out=sq)
-        rms = np.sqrt(np.sum(sq, axis=2, keepdims=True) / g)
-    return np.where(rms > 0, rms, 1.0)
+        sq = np.square(mag.reshape(rows, cols // g, g), dtype=np.float64)  # exact: a float32's square fits
+        sums = np.sum(sq, axis=2, keepdims=True)
+        total = float(np.sum(sums))
+        rms = np.sqrt(sums / g)
+    return np.where(rms > 0, rms, 1.0), total
 
 
-def _group_scales(w: np.ndarray, g: int, mask: np.ndarray | None, mag: np.ndarray | None = None) -> np.ndarray:
-    """Per group max |w| / 127 (the entries of `mask` left out), f16 unless out of its normal range.
-    `mag`, |w| if given, is overwritten."""
+def _group_scales(w: np.ndarray, g: int, idx: np.ndarray | None, mag: np.ndarray | None = None) -> np.ndarray:
+    """Per group max |w| / 127 (the entries at the flat indices `idx` left out), f16 unless out of its
+    normal range. `mag`, |w| if given, is overwritten."""
     rows, cols = w.shape
-    if mask is None and cols % g == 0:  # max |w| as max(max w, -min w), without |w|; + 0.0 makes -0.0 0.0
-        groups = w.reshape(rows, cols // g, g)
-        amax = np.maximum(groups.max(axis=2), -groups.min(axis=2)) + np.float32(0.0)
-    else:
-        mag = np.abs(w) if mag is None else mag
-        if mask is not None:
-            np.putmask(mag, mask, 0.0)
-        amax = _padded_groups(mag, g, 0.0).max(axis=2)
+    if idx is None and cols % g == 0 and mag is None:  # max |w| as max(max w, -min w), without |w|; + 0.0
+        groups = w.reshape(rows, cols // g, g)  # makes -0.0 0.0
+        return _stored_scales(np.maximum(groups.max(axis=2), -groups.min(axis=2)) + np.float32(0.0))
+    mag = np.abs(w) if mag is None else mag
+    if idx is not None:
+        mag.reshape(-1)[idx] = 0.0
+    return _stored_scales(_padded_groups(mag, g, 0.0).max(axis=2))
+
+
+def _stored_scales(amax: np.ndarray) -> np.ndarray:
+    """The int8 scales amax / 127 as stored."""
     scales = (amax / 127.0).astype(np.float32)
     nonzero = scales[scales > 0]
     # fp16 scales are exact enough and half the size, unless they would be subnormal
@@ -399,9 +466,11 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
     rows, cols = w2.shape
     g = INT4_GROUP
     n_out = int(outlier_frac * rows * cols) if quant == "int4c" else 0
-    mask = None
+    mask = idx = None
     if n_out:
-        mask = _outlier_mask(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
+        idx = _outlier_index(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0]
+        mask = np.zeros((rows, cols), dtype=bool)
+        mask.reshape(-1)[idx] = True
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
     for c in _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS):  # groups are independent: any chunking gives the same
@@ -418,9 +487,9 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
     else:
         scales16 = scales
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales16)
-    if mask is not None:
+    if idx is not None:
         s_full = np.repeat(scales16.astype(np.float32), g, axis=1)[:, :cols]
-        idx = np.flatnonzero(mask.reshape(-1)).astype(np.uint32)
+        idx = idx.astype(np.uint32)
         residual = w2.reshape(-1)[idx] - s_full.reshape(-1)[idx] * q.reshape(-1)[idx].astype(np.float32)
         qt.oidx = idx
         qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)

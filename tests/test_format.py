@@ -4,7 +4,10 @@ tests/blobread.py (written from FORMAT.md's prose, not from the schema)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import struct
+import zlib
 
 import pytest
 
@@ -49,6 +52,23 @@ def feature_export(tmp_path_factory):
     out = base / "gen"
     export(ckpt, out, ExportOptions(quant="int8", predict=False))
     return out
+
+
+def test_crc_combine_equals_the_crc_of_the_concatenation():
+    """crc32.combine (the writer sums the weights' CRC as it writes them and prefixes the header's) against
+    zlib.crc32 of the joined bytes, including empty parts and a part of over a megabyte."""
+    from colibri.codegen import crc32
+
+    for n1, n2 in [(0, 0), (0, 5), (5, 0), (1, 1), (7, 1000), (64, (1 << 20) + 3), (3, 12345)]:
+        a, b = os.urandom(n1), os.urandom(n2)
+        assert crc32.combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b), (n1, n2)
+
+
+def test_stored_crc_is_zlibs_of_the_written_blob(feature_export):
+    """The blob's crc32 field is zlib's CRC-32 of its bytes from CRC_FROM to the end, read back from the file."""
+    blob = (feature_export / "model.bin").read_bytes()
+    field = fmt.H["crc32"]
+    assert struct.unpack_from(field.fmt, blob, field.offset)[0] == zlib.crc32(blob[fmt.CRC_FROM:])
 
 
 def test_table_order_is_the_schema_order(feature_export, golden_ckpts, tmp_path):
