@@ -6,11 +6,12 @@
 Without --ckpt it synthesises (`colibri synth`, seed 0) the 288M shape of bench/speed.py (hidden 1024, ffn 1024,
 8 layers, 8 experts top-2, 8/2 heads, vocab 32000) once per source dtype, and for the memory figure a ~4 GB
 f32 one (--rss-gb; 0 skips it), deleted afterwards with the other synthesised ones unless --keep. Every export
-runs in a subprocess of its own (`export()` without the logit probe, the workers given); printed per export:
-weights/s, MB/s of source, wall seconds, CPU seconds (user+sys of the subprocess and its workers, from
-wait4), and the peak RSS of the whole process tree (the sum over the exporter and its workers, sampled
-from /proc every 20 ms) with the largest single process's (ru_maxrss). The CPU model and the load average
-before and after go with the figures: on a shared 2-core machine compare only pairs run back to back.
+runs in a subprocess of its own (`export()` without the logit probe, the workers given: quantizing threads);
+printed per export: weights/s, MB/s of source, wall seconds, CPU seconds (user+sys of the subprocess and
+any children, from wait4), and the peak RSS of its process tree (the sum over the exporter and any
+children, sampled from /proc every 20 ms) with the largest single process's (ru_maxrss). The CPU model and
+the load average before and after go with the figures: on a shared 2-core machine compare only pairs run
+back to back.
 It is a benchmark, never a test.
 """
 

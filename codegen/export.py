@@ -61,7 +61,7 @@ class ExportOptions:
     prefill_block: int = 0  # tokens a prefill runs through the layers at once; 0: plan.prefill_block()
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
-    workers: int = 0  # quantizing processes; 0: one per core, or none for firmware-scale models
+    workers: int = 0  # quantizing threads; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
     max_prefill_block: int = MAX_PREFILL_BLOCK  # the largest block the target's runtime takes (its TOML's)
@@ -280,7 +280,7 @@ def export(
 ) -> ExportResult:
     """Export a checkpoint into out_dir, all or nothing. Raises ExportError on bad input.
 
-    Tensors are read, quantized and written one at a time (in a process pool for larger models), so
+    Tensors are read, quantized and written one at a time (by a pool of threads for larger models), so
     memory stays bounded whatever the model size. Each tensor's line goes to `report`, unless
     `terminal` is a TTY: then one progress line is redrawn on it instead."""
     opts = opts or ExportOptions()
