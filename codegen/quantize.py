@@ -498,35 +498,57 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
 
 def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Per group of INT4_GROUP: the scale (as stored: f16-rounded unless out of its range) and the
-    values in [-8, 7] of least squared error over INT4_CANDIDATES (see the module docstring)."""
+    values in [-8, 7] of least squared error over INT4_CANDIDATES (see the module docstring).
+
+    The groups are laid out transposed, (INT4_GROUP, groups): every operation then runs along the groups,
+    contiguous, instead of 32 entries at a time, and a group's sums are _group_sum's, numpy's own order."""
     groups = _padded_groups(w, INT4_GROUP, 0.0).astype(np.float32)  # (rows, n_groups, 32)
-    amax_i = np.argmax(np.abs(groups), axis=2)
-    peak = np.take_along_axis(groups, amax_i[..., None], axis=2)  # the signed largest entry
-    best_err = np.full(groups.shape[:2], np.inf, dtype=np.float64)
-    best_s = np.zeros(groups.shape[:2], dtype=np.float32)
-    best_q = np.zeros(groups.shape, dtype=np.int8)
+    rows, n_groups = groups.shape[:2]
+    gt = np.ascontiguousarray(groups.reshape(-1, INT4_GROUP).T)  # (32, groups)
+    n = gt.shape[1]
+    peak = gt[np.argmax(np.abs(gt), axis=0), np.arange(n)]  # the signed largest entry (the first of ties)
+    best_err = np.full(n, np.inf, dtype=np.float64)
+    best_s = np.zeros(n, dtype=np.float32)
+    best_t = np.zeros(n, dtype=np.float64)  # the candidate that gave best_s: the values are recomputed from it
     # the float64 arithmetic of mixed float32/float64 operands, on operands widened once, in place
-    g64 = groups.astype(np.float64)
-    q, tmp = np.empty(groups.shape), np.empty(groups.shape)
-    for t in INT4_CANDIDATES:
+    g64 = gt.astype(np.float64)
+    q, tmp = np.empty(gt.shape), np.empty(gt.shape)
+    def values(t: np.ndarray | np.float64) -> np.ndarray:  # into q: rint(g * t / peak) in [-8, 7]
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(peak != 0, t / peak, 0.0)
         np.multiply(g64, inv, out=q)
         np.rint(q, out=q)
-        np.clip(q, -8, 7, out=q)
-        qq = np.sum(np.multiply(q, q, out=tmp), axis=2)
+        return np.clip(q, -8, 7, out=q)
+
+    for t in INT4_CANDIDATES:
+        values(t)
+        qq = np.sum(np.multiply(q, q, out=tmp), axis=0)  # small integers: exact in any order
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(qq > 0, np.sum(np.multiply(g64, q, out=tmp), axis=2) / qq, 0.0).astype(np.float32)
+            s = np.where(qq > 0, _group_sum(np.multiply(g64, q, out=tmp)) / qq, 0.0).astype(np.float32)
         s = _as_stored(s)
-        np.multiply(s[..., None], q, out=tmp)
+        np.multiply(s, q, out=tmp)
         np.subtract(g64, tmp, out=tmp)
-        err = np.sum(np.square(tmp, out=tmp), axis=2)
+        err = _group_sum(np.square(tmp, out=tmp))
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_s = np.where(better, s, best_s)
-        np.copyto(best_q, q, where=better[..., None], casting="unsafe")
-    rows = w.shape[0]
-    return best_s, best_q.reshape(rows, -1)[:, :cols]
+        best_t = np.where(better, t, best_t)
+    best_q = values(best_t).astype(np.int8)
+    return best_s.reshape(rows, n_groups), best_q.T.reshape(rows, -1)[:, :cols]
+
+
+def _group_sum(x: np.ndarray) -> np.ndarray:
+    """Column sums of x (n, groups), float64, in numpy's own order for a row of n (np.sum(axis=-1) of the
+    untransposed groups: its pairwise sum, 8 accumulators then a tree, for 8 <= n <= 128, n a multiple of 8),
+    so that the scales and values are what a sum along each group gives, bit for bit."""
+    n = x.shape[0]
+    assert n % 8 == 0 and 8 <= n <= 128, n
+    r = x[0:8] + x[8:16] if n > 8 else x[0:8].copy()
+    for i in range(16, n, 8):
+        r += x[i:i + 8]
+    r = r[0::2] + r[1::2]  # (r0 + r1), (r2 + r3), (r4 + r5), (r6 + r7)
+    r = r[0::2] + r[1::2]
+    return 0.0 + (r[0] + r[1])  # from the identity, as numpy's reduction: -0.0 sums to 0.0
 
 
 def _as_stored(s: np.ndarray) -> np.ndarray:
