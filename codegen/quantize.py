@@ -204,31 +204,38 @@ def quantize_measured(
     return qt, sq
 
 
+PLAIN = {"int8c": "int8", "int4c": "int4"}  # the plain flavour of a compensated quantization
+
+
 @dataclass(frozen=True)
 class Measured:
     """A quantized tensor with its float64 sums over the source W: the squared error, sum(W^2), and the
-    squared error plain int8 would have (None unless asked for)."""
+    squared error its plain flavour (PLAIN) would have (None unless asked for)."""
 
     qt: QuantTensor
     sq_err: float
     norm2: float
-    plain_int8_sq_err: float | None = None
+    plain_sq_err: float | None = None
 
 
 def quantize_report(w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None,
-                    plain_int8: bool = False) -> Measured:
-    """quantize_measured(), sum_squares(w) and, with `plain_int8`, quantize_measured(w, "int8")'s error: for
-    an int8c tensor all three are summed in the chunk loop that quantizes it, while each chunk is in the
-    cache (the same float64 sums, chunk by chunk, as the separate calls)."""
-    fused = plain_int8 and quant == "int8c"
+                    plain: bool = False) -> Measured:
+    """quantize_measured(), sum_squares(w) and, with `plain` (quant int8c or int4c), quantize_measured(w,
+    PLAIN[quant])'s error. For int8c all three are summed in the chunk loop that quantizes, while each chunk
+    is in the cache (the same float64 sums, chunk by chunk, as the separate calls); int4's values are
+    int4c's except in the groups holding a correction (_int4_plain)."""
+    fused = plain and quant == "int8c"
     qt, sq, extra = _quantize(w, quant, group_size, outlier_frac, measure=True, extra=fused)
     if sq is None:
         sq = qt.squared_error(w)
-    if extra is None:
-        alt = quantize_measured(w, "int8", group_size=group_size, outlier_frac=outlier_frac)[1] if plain_int8 \
-            else None
-        return Measured(qt, sq, sum_squares(w), alt)
-    return Measured(qt, sq, *extra)
+    if extra is not None:
+        return Measured(qt, sq, *extra)
+    alt = None
+    if plain and quant == "int4c":
+        alt = _int4_plain(np.ascontiguousarray(w, dtype=np.float32).reshape(qt.rows, qt.cols), qt).squared_error(w)
+    elif plain:
+        alt = quantize_measured(w, PLAIN[quant], group_size=group_size, outlier_frac=outlier_frac)[1]
+    return Measured(qt, sq, sum_squares(w), alt)
 
 
 def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | None,
@@ -481,11 +488,7 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
         with np.errstate(divide="ignore", invalid="ignore"):
             qm = np.where(s_full != 0, np.rint(w2 / s_full), 0.0)
         q = np.where(mask, np.clip(qm, -8, 7), q).astype(np.int8)
-    nonzero = np.abs(scales[scales != 0])  # a scale may be negative: q = -8 then serves the positive peak
-    if nonzero.size == 0 or (nonzero.min() >= F16_MIN_NORMAL and nonzero.max() <= F16_MAX / 2):
-        scales16 = scales.astype(np.float16)
-    else:
-        scales16 = scales
+    scales16 = _int4_stored(scales)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales16)
     if idx is not None:
         s_full = np.repeat(scales16.astype(np.float32), g, axis=1)[:, :cols]
@@ -494,6 +497,35 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
         qt.oidx = idx
         qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
     return qt
+
+
+def _int4_stored(scales: np.ndarray) -> np.ndarray:
+    """The int4 scales (float32) as the blob holds them: float16 if every one is a normal float16."""
+    nonzero = np.abs(scales[scales != 0])  # a scale may be negative: q = -8 then serves the positive peak
+    if nonzero.size == 0 or (nonzero.min() >= F16_MIN_NORMAL and nonzero.max() <= F16_MAX / 2):
+        return scales.astype(np.float16)
+    return scales
+
+
+def _int4_plain(w2: np.ndarray, qt: QuantTensor) -> QuantTensor:
+    """quantize(w2, "int4") from qt = quantize(w2, "int4c"): a group without a correction is searched on the
+    same weights in both, so only the groups holding one (a few percent) are searched again."""
+    rows, cols = w2.shape
+    g = INT4_GROUP
+    assert qt.scales is not None
+    scales, q = qt.scales.astype(np.float32), qt.data.copy()  # float16 -> float32 is exact
+    if qt.n_outliers:
+        n_groups = scales.shape[1]
+        flat = qt.oidx.astype(np.int64)
+        r, gc = np.divmod(np.unique(flat // cols * n_groups + flat % cols // g), n_groups)
+        at = gc[:, None] * g + np.arange(g)  # the groups' columns; the last group's may pass the row's end
+        inside = at < cols
+        wg = np.zeros(at.shape, dtype=np.float32)  # zero-padded, as _padded_groups pads a row
+        wg[inside] = w2[np.broadcast_to(r[:, None], at.shape)[inside], at[inside]]
+        s_g, q_g = _int4_groups(wg, g)
+        scales[r, gc] = s_g[:, 0]
+        q[np.broadcast_to(r[:, None], at.shape)[inside], at[inside]] = q_g[inside]
+    return QuantTensor("int4", rows, cols, q, group_size=g, scales=_int4_stored(scales))
 
 
 def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .quantize import KV_QUANT, QuantTensor, error_from_squared, quantize_measured, quantize_report
+from .quantize import KV_QUANT, PLAIN, QuantTensor, error_from_squared, quantize_measured, quantize_report
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -106,17 +106,16 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     tq, group_size, frac = tensor_scheme(name, quant, group_size, outlier_frac, attn_quant)
     pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
     other = pairs.get(tq)  # the other flavour of the same bits, for comparison
-    m = quantize_report(w, tq, group_size=group_size, outlier_frac=frac, plain_int8=other == "int8")
+    m = quantize_report(w, tq, group_size=group_size, outlier_frac=frac, plain=tq in PLAIN)
     qt, norm2 = m.qt, m.norm2
     row = {
         "name": name, "quant": tq, "shape": list(w.shape),
         "bits_per_weight": round(qt.bits_per_weight(), 4),
         "rel_error": error_from_squared(m.sq_err, norm2), "n_outliers": qt.n_outliers,
     }
-    if other == "int8":
-        row["rel_error_int8"] = error_from_squared(m.plain_int8_sq_err, norm2)
-    elif other is not None:
-        alt_err = quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1]
+    if other is not None:
+        alt_err = m.plain_sq_err if m.plain_sq_err is not None else \
+            quantize_measured(w, other, group_size=group_size, outlier_frac=frac)[1]
         row[f"rel_error_{other}"] = error_from_squared(alt_err, norm2)
     return Quantized(name, qt, row, norm2)
 

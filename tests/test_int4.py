@@ -100,6 +100,31 @@ def test_symmetric_beats_offset_at_equal_bits(kind):
     assert relative_error(w, same_bits.dequantize()) < 0.95 * relative_error(w, _offset4(w))
 
 
+@pytest.mark.parametrize("cols", [256, 100])
+def test_plain_int4_from_int4c_is_int4s_own_search(cols):
+    """quantize_report's int4 comparison re-searches only the groups holding one of int4c's corrections
+    (_int4_plain): its values, scales and error are quantize(w, "int4")'s, bit for bit, with rows that
+    end in a partial group (100 columns) and corrections there; and its scales fall back to float32 as
+    int4's do when one would not be a normal float16."""
+    from colibri.codegen.quantize import _int4_plain, quantize_measured, quantize_report
+
+    w = np.random.default_rng(9).standard_t(3, (64, cols)).astype(np.float32)
+    w[:, -4:-1] *= 0.01  # the last group: one entry standing far above the others (a correction there)
+    w[5, :40] *= 1e-6  # tiny groups: scales below float16's normal range
+    ref, ref_err = quantize_measured(w, "int4")
+    assert ref.scales.dtype == np.float32
+    in_last = 0
+    for frac in (INT4C_OUTLIER_FRAC, 0.1):
+        m = quantize_report(w, "int4c", outlier_frac=frac, plain=True)
+        assert m.qt.n_outliers > 0
+        in_last += int(np.count_nonzero(m.qt.oidx % cols >= (cols - 1) // 32 * 32))
+        assert m.plain_sq_err == ref_err
+        mine = _int4_plain(w, m.qt)
+        assert mine.scales.dtype == np.float32
+        assert np.array_equal(mine.data, ref.data) and np.array_equal(mine.scales, ref.scales)
+    assert in_last > 0
+
+
 # ---- heavy tails: int4c against int4, per tensor and end to end
 
 HEAVY = dict(layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, experts=4, top_k=2, vocab=128, seed=31)
