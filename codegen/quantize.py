@@ -473,28 +473,28 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
     rows, cols = w2.shape
     g = INT4_GROUP
     n_out = int(outlier_frac * rows * cols) if quant == "int4c" else 0
-    mask = idx = None
-    if n_out:
-        idx = _outlier_index(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0]
-        mask = np.zeros((rows, cols), dtype=bool)
-        mask.reshape(-1)[idx] = True
+    idx = _outlier_index(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0] if n_out else None
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
-    for c in _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS):  # groups are independent: any chunking gives the same
-        wc = w2[c] if mask is None else np.where(mask[c], 0.0, w2[c]).astype(np.float32)
+    chunks = _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS)
+    if idx is not None:  # each chunk's first correction
+        firsts = np.searchsorted(idx, np.array([c.start * cols for c in chunks] + [rows * cols], dtype=idx.dtype))
+    for k, c in enumerate(chunks):  # groups are independent: any chunking gives the same
+        wc = w2[c]
+        if idx is not None:  # the corrected entries are left out of the scale search (as 0)
+            wc = wc.copy()
+            wc.reshape(-1)[idx[firsts[k]:firsts[k + 1]] - c.start * cols] = 0.0
         scales[c], q[c] = _int4_groups(wc, cols)
-    if mask is not None:  # the corrected entries get their own nearest value too, the residual goes to E
-        s_full = np.repeat(scales, g, axis=1)[:, :cols]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            qm = np.where(s_full != 0, np.rint(w2 / s_full), 0.0)
-        q = np.where(mask, np.clip(qm, -8, 7), q).astype(np.int8)
     scales16 = _int4_stored(scales)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales16)
-    if idx is not None:
-        s_full = np.repeat(scales16.astype(np.float32), g, axis=1)[:, :cols]
-        idx = idx.astype(np.uint32)
-        residual = w2.reshape(-1)[idx] - s_full.reshape(-1)[idx] * q.reshape(-1)[idx].astype(np.float32)
-        qt.oidx = idx
+    if idx is not None:  # the corrected entries get their own nearest value too, the residual goes to E
+        r, col = np.divmod(idx, cols)
+        w_at, s_at = w2[r, col], scales[r, col // g]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            qm = np.where(s_at != 0, np.rint(w_at / s_at), 0.0)
+        q[r, col] = np.clip(qm, -8, 7)
+        residual = w_at - scales16[r, col // g].astype(np.float32) * q[r, col].astype(np.float32)
+        qt.oidx = idx.astype(np.uint32)
         qt.oval = np.clip(residual, -F16_MAX, F16_MAX).astype(np.float16)
     return qt
 
