@@ -104,8 +104,8 @@ def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier
     quantize it and measure its error."""
     w = getattr(source, "get_mapped", source.get)(name)
     tq, group_size, frac = tensor_scheme(name, quant, group_size, outlier_frac, attn_quant)
-    pairs = {"int8": "int8c", "int8c": "int8", "int4": "int4c", "int4c": "int4"}
-    other = pairs.get(tq)  # the other flavour of the same bits, for comparison
+    # the other flavour of the same bits, for comparison: a compensated one's plain one and the reverse
+    other = PLAIN.get(tq) or next((c for c, p in PLAIN.items() if p == tq), None)
     m = quantize_report(w, tq, group_size=group_size, outlier_frac=frac, plain=tq in PLAIN)
     qt, norm2 = m.qt, m.norm2
     row = {
