@@ -348,8 +348,9 @@ def _int8_rounded(w3: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 def _sq_diff_sum(w: np.ndarray, deq: np.ndarray) -> float:
     """sum((W - D)^2) in float64, D (overwritten) the dequantized weights. W - D in float32 is exact
-    (Sterbenz: the two lie within a factor of 2 of each other, or D is 0), so its float64 square is the
-    float64 difference's."""
+    (Sterbenz: the two lie within a factor of 2 of each other, or D is 0; not where a correction was
+    clipped to float16's range, where the error is off by a float32 rounding), so its float64 square is
+    the float64 difference's."""
     return float(np.sum(np.square(np.subtract(w, deq, out=deq), dtype=np.float64)))
 
 
