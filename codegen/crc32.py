@@ -25,20 +25,12 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     """zlib.crc32(a + b) from crc1 = zlib.crc32(a), crc2 = zlib.crc32(b) and len2 = len(b)."""
     if len2 <= 0:
         return crc1
-    odd = [_POLY] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _square(odd)  # two zero bits
-    odd = _square(even)  # four
-    while True:  # apply len2 zero bytes to crc1, a bit of len2 at a time
-        even = _square(odd)
+    op = [_POLY] + [1 << n for n in range(31)]  # the operator that appends one zero bit
+    for _ in range(3):
+        op = _square(op)  # ... one zero byte
+    while len2:  # apply len2 zero bytes to crc1, a bit of len2 at a time
         if len2 & 1:
-            crc1 = _times(even, crc1)
+            crc1 = _times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _square(even)
-        if len2 & 1:
-            crc1 = _times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
+        op = _square(op)
     return crc1 ^ crc2

@@ -304,8 +304,7 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | N
     q = np.empty((rows, cols), dtype=np.int8)
     ovals: list[np.ndarray] = []
     chunks = _row_chunks(rows, cols, ERROR_CHUNK_WEIGHTS)
-    if idx is not None:  # each chunk's first correction, by one search in idx's own dtype
-        firsts = np.searchsorted(idx, np.array([c.start * cols for c in chunks] + [rows * cols], dtype=idx.dtype))
+    firsts = None if idx is None else _chunk_firsts(idx, chunks, cols)
     sum_w2 = math.isnan(norm2)
     total = plain_total = 0.0
     if sum_w2:
@@ -334,6 +333,12 @@ def _int8_values(w2: np.ndarray, scales: np.ndarray, g: int, idx: np.ndarray | N
             plain_total += _sq_diff_sum(wc, np.multiply(sp, tp, out=tp).reshape(-1))
     oval = None if idx is None else (np.concatenate(ovals) if ovals else np.zeros(0, dtype=np.float16))
     return q, oval, total if measure else None, None if p32 is None else (norm2, plain_total)
+
+
+def _chunk_firsts(idx: np.ndarray, chunks: list[slice], cols: int) -> np.ndarray:
+    """Where each row chunk's entries start in the sorted flat indices idx, and where the last one ends: one
+    search, in idx's own dtype (a search with int64 keys would cast the whole of idx per call)."""
+    return np.searchsorted(idx, np.array([c.start * cols for c in chunks] + [chunks[-1].stop * cols], dtype=idx.dtype))
 
 
 def _int8_rounded(w3: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -478,8 +483,7 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
     chunks = _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS)
-    if idx is not None:  # each chunk's first correction
-        firsts = np.searchsorted(idx, np.array([c.start * cols for c in chunks] + [rows * cols], dtype=idx.dtype))
+    firsts = None if idx is None else _chunk_firsts(idx, chunks, cols)
     for k, c in enumerate(chunks):  # groups are independent: any chunking gives the same
         wc = w2[c]
         if idx is not None:  # the corrected entries are left out of the scale search (as 0)
