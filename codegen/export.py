@@ -24,7 +24,7 @@ from .format import KV_DTYPES, blob_names, feature_flags, flags_not_run, tensor_
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, mla_cache_bytes, plan_arena
 from .progress import tensor_progress
-from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, QuantTensor, default_outlier_frac
+from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, QuantTensor, default_outlier_frac, quantize
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
@@ -61,6 +61,7 @@ class ExportOptions:
     prefill_block: int = 0  # tokens a prefill runs through the layers at once; 0: plan.prefill_block()
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
+    calib: str | None = None  # calibration set (the same format): weigh each matrix input by its E[x^2]
     workers: int = 0  # quantizing threads; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)
@@ -296,6 +297,9 @@ def export(
     if opts.prune_experts:
         source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
+    calibration = smoothing = None
+    if opts.calib:
+        source, calibration, smoothing = _calibrate(source, spec, opts, max_seq, report)
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and any(uses_q8(spec, qn, opts.group_size)
                                        for qn in matrix_quants(opts.quant, opts.attn_quant))
@@ -316,7 +320,7 @@ def export(
             derived = {"rope_freq": lambda: QuantTensor("f32", 1, spec.head_dim // 2, rope_inv_freq(spec)[None, :])}
             try:
                 for q in quantize_all(source, names, opts.quant, opts.group_size, opts.outlier_frac, workers,
-                                      opts.attn_quant):
+                                      opts.attn_quant, calibration):
                     writer.add(q.name, q.qt)
                     row = {**q.row, **tensor_fields(q.name), "offset": writer.records[-1].offset,
                            "bytes": writer.records[-1].nbytes, "payload_bits": q.qt.payload_bits()}
@@ -367,6 +371,8 @@ def export(
             "predicted_logit_error": prediction,
             "predict_requested": opts.predict,
             "pruning": pruning,
+            "calibration": None if calibration is None else {**calibration.to_json(),
+                                                             "smoothing": smoothing.to_json()},
             # the section inside model.bin (its TOKENIZER entry): where, and its bytes for the size audit
             "tokenizer": None if tok_section is None else {"offset": writer.records[-1].offset,
                                                            "bytes": len(tok_section)},
@@ -406,6 +412,29 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
     info["calibration"] = {"file": str(calib), "sequences": len(seqs)}
     info["accuracy"] = accuracy_change(pplan.spec, source, seqs, max_seq, before)
     return source, info
+
+
+def _calibrate(source, spec: ModelSpec, opts: ExportOptions, max_seq: int, report: Callable[[str], None]):
+    """--calib: the calibration set's statistics, the scale migration they choose (codegen/smooth.py), and
+    the source with it folded in."""
+    from .calibrate import calibrate
+    from .layout import is_q8
+    from .prune import read_calibration
+    from .smooth import SmoothedWeights, plan_smoothing, smoothed_calibration
+    from .stream import CALIBRATED, tensor_scheme
+
+    seqs = read_calibration(opts.calib, spec.vocab)
+    report(f"calibration: running {sum(min(len(s), max_seq) for s in seqs)} tokens of {opts.calib} through the "
+           "reference for each matrix's input statistics")
+    calib = calibrate(spec, source, seqs, max_seq, opts.calib)
+
+    def quantizer(name: str, w: np.ndarray, importance: np.ndarray | None) -> tuple[QuantTensor, bool]:
+        tq, g, frac = tensor_scheme(name, opts.quant, opts.group_size, opts.outlier_frac, opts.attn_quant)
+        qt = quantize(w, tq, group_size=g, outlier_frac=frac, importance=importance if tq in CALIBRATED else None)
+        return qt, opts.int8_activations and is_q8(qt.dtype, qt.cols, qt.group_size)
+
+    smoothing = plan_smoothing(spec, source, calib, quantizer, report)
+    return SmoothedWeights(source, smoothing), smoothed_calibration(calib, smoothing), smoothing
 
 
 def _pruned_bytes(before: ModelSpec, after: ModelSpec, rows: list[dict]) -> int:

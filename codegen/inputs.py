@@ -41,8 +41,9 @@ def _shards(ckpt: Path) -> list[Path]:
     return out
 
 
-def export_inputs(ckpt_dir: str | Path, calibration: str | Path | None = None) -> list[Path]:
-    """Every file an export of the checkpoint reads, as absolute paths, each once."""
+def export_inputs(ckpt_dir: str | Path, *calibration: str | Path | None) -> list[Path]:
+    """Every file an export of the checkpoint reads, as absolute paths, each once (calibration: the
+    --prune-experts and --calib files, None where not given)."""
     ckpt = Path(ckpt_dir).absolute()
     files = [ckpt / CONFIG_FILE]
     if (ckpt / SINGLE_FILE).is_file():
@@ -50,8 +51,7 @@ def export_inputs(ckpt_dir: str | Path, calibration: str | Path | None = None) -
     elif (ckpt / INDEX_FILE).is_file():
         files += [ckpt / INDEX_FILE, *_shards(ckpt)]
     files += [ckpt / n for n in OPTIONAL_FILES if (ckpt / n).is_file()]
-    if calibration is not None:
-        files.append(Path(calibration).absolute())
+    files += [Path(c).absolute() for c in calibration if c is not None]
     return list(dict.fromkeys(files))
 
 

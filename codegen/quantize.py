@@ -51,6 +51,9 @@ ERROR_CHUNK_WEIGHTS = 1 << 18  # error sums go by chunks of 1 MB of float32 (sma
 INT4_CHUNK_WEIGHTS = 1 << 16  # the int4 scale search goes by chunks whose float64 temporaries stay in the cache
 SAMPLE_STEP = 16  # outlier selection: every 16th score estimates a bound below the threshold
 SAMPLE_MIN_ROWS = 256  # from this many rows on, the sample is every 16th row
+# --calib: an input column's error weighs (E[x^2] / its mean over the columns)^CALIB_ALPHA + CALIB_FLOOR
+CALIB_ALPHA = 1.0
+CALIB_FLOOR = 0.05
 
 
 @dataclass
@@ -186,19 +189,21 @@ def default_outlier_frac(quant: str) -> float:
 
 
 def quantize(
-    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None
+    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None,
+    importance: np.ndarray | None = None,
 ) -> QuantTensor:
     """Quantize a float32 matrix (or vector, as one row). group_size 0 means per row (int4: always
-    INT4_GROUP); outlier_frac None: default_outlier_frac(quant)."""
-    return _quantize(w, quant, group_size, outlier_frac, measure=False)[0]
+    INT4_GROUP); outlier_frac None: default_outlier_frac(quant); importance: see column_weights."""
+    return _quantize(w, quant, group_size, outlier_frac, measure=False, importance=importance)[0]
 
 
 def quantize_measured(
-    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None
+    w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None,
+    importance: np.ndarray | None = None,
 ) -> tuple[QuantTensor, float]:
     """quantize() and qt.squared_error(w), the error (int8, int8c) summed in the pass that quantizes:
     the same float64 differences in the same chunks as squared_error, so the same sum."""
-    qt, sq, _ = _quantize(w, quant, group_size, outlier_frac, measure=True)
+    qt, sq, _ = _quantize(w, quant, group_size, outlier_frac, measure=True, importance=importance)
     if sq is None:
         sq = qt.squared_error(w)
     return qt, sq
@@ -219,27 +224,30 @@ class Measured:
 
 
 def quantize_report(w: np.ndarray, quant: str, *, group_size: int = 0, outlier_frac: float | None = None,
-                    plain: bool = False) -> Measured:
+                    plain: bool = False, importance: np.ndarray | None = None) -> Measured:
     """quantize_measured(), sum_squares(w) and, with `plain` (quant int8c or int4c), quantize_measured(w,
     PLAIN[quant])'s error. For int8c all three are summed in the chunk loop that quantizes, while each chunk
     is in the cache (the same float64 sums, chunk by chunk, as the separate calls); int4's values are
     int4c's except in the groups holding a correction (_int4_plain)."""
     fused = plain and quant == "int8c"
-    qt, sq, extra = _quantize(w, quant, group_size, outlier_frac, measure=True, extra=fused)
+    qt, sq, extra = _quantize(w, quant, group_size, outlier_frac, measure=True, extra=fused, importance=importance)
     if sq is None:
         sq = qt.squared_error(w)
     if extra is not None:
         return Measured(qt, sq, *extra)
     alt = None
     if plain and quant == "int4c":
-        alt = _int4_plain(np.ascontiguousarray(w, dtype=np.float32).reshape(qt.rows, qt.cols), qt).squared_error(w)
+        w2 = np.ascontiguousarray(w, dtype=np.float32).reshape(qt.rows, qt.cols)
+        alt = _int4_plain(w2, qt, column_weights(importance, qt.cols)).squared_error(w)
     elif plain:
-        alt = quantize_measured(w, PLAIN[quant], group_size=group_size, outlier_frac=outlier_frac)[1]
+        alt = quantize_measured(w, PLAIN[quant], group_size=group_size, outlier_frac=outlier_frac,
+                                importance=importance)[1]
     return Measured(qt, sq, sum_squares(w), alt)
 
 
-def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | None,
-              measure: bool, extra: bool = False) -> tuple[QuantTensor, float | None, tuple[float, float] | None]:
+def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | None, measure: bool,
+              extra: bool = False, importance: np.ndarray | None = None
+              ) -> tuple[QuantTensor, float | None, tuple[float, float] | None]:
     """The tensor, its squared error if measured in the loop (else None), and with `extra` (int8/int8c)
     (sum(W^2), plain int8's squared error) if summed in the loop (else None)."""
     if outlier_frac is None:
@@ -250,8 +258,9 @@ def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | 
         return QuantTensor("f32", rows, cols, w2), None, None
     if quant == "f16":
         return QuantTensor("f16", rows, cols, w2.astype(np.float16)), None, None
+    colw = column_weights(importance, cols)
     if quant in INT4_QUANTS:
-        return _quantize_int4(w2, quant, outlier_frac), None, None
+        return _quantize_int4(w2, quant, outlier_frac, colw), None, None
     if quant not in ("int8", "int8c"):
         raise ValueError(f"unknown quantization {quant!r} (expected one of {', '.join(QUANTS)})")
     g = cols if group_size <= 0 or group_size >= cols else group_size
@@ -262,7 +271,10 @@ def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | 
         mag = np.abs(w2)
         if extra:  # plain int8's scales, from |w| before the corrections' entries are left out of it
             plain = _stored_scales(_padded_groups(mag, g, 0.0).max(axis=2))
-        idx, norm2 = _outlier_index(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
+        if colw is None:
+            idx, norm2 = _outlier_index(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)
+        else:  # the entries of most weighted error: |w| * sqrt(E[x^2]) against its group's
+            idx = _outlier_index(_salience(mag, colw), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0]
     scales = _group_scales(w2, g, idx, mag)
     idx = idx.astype(np.uint32) if idx is not None else None
     del mag
@@ -475,11 +487,33 @@ def _stored_scales(amax: np.ndarray) -> np.ndarray:
     return scales
 
 
-def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTensor:
+def column_weights(importance: np.ndarray | None, cols: int) -> np.ndarray | None:
+    """The weight of each input column's error, from a calibration set's mean x^2 of that input
+    (None: uncalibrated, every column 1): (E[x^2] / mean E[x^2])^CALIB_ALPHA + CALIB_FLOOR, float64, so a
+    column the calibration set never lit still counts a little."""
+    if importance is None:
+        return None
+    imp = np.asarray(importance, dtype=np.float64).reshape(-1)
+    if imp.size != cols or not np.all(np.isfinite(imp)) or np.any(imp < 0):
+        raise ValueError(f"importance: expected {cols} finite non-negative values, got {imp.size}")
+    mean = float(np.mean(imp))
+    return (imp / mean if mean > 0 else np.zeros_like(imp)) ** CALIB_ALPHA + CALIB_FLOOR
+
+
+def _salience(mag: np.ndarray, colw: np.ndarray) -> np.ndarray:
+    """|w| * sqrt(column weight): what outlier selection ranks in a calibrated export."""
+    return mag * np.sqrt(colw).astype(np.float32)[None, :]
+
+
+def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float, colw: np.ndarray | None = None) -> QuantTensor:
     rows, cols = w2.shape
     g = INT4_GROUP
     n_out = int(outlier_frac * rows * cols) if quant == "int4c" else 0
-    idx = _outlier_index(np.abs(w2), g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0] if n_out else None
+    idx = None
+    if n_out:
+        mag = np.abs(w2) if colw is None else _salience(np.abs(w2), colw)
+        idx = _outlier_index(mag, g, n_out, lean=w2.size >= LEAN_MIN_WEIGHTS)[0]
+        del mag
     scales = np.empty((rows, -(-cols // g)), dtype=np.float32)
     q = np.empty((rows, cols), dtype=np.int8)
     chunks = _row_chunks(rows, cols, INT4_CHUNK_WEIGHTS)
@@ -489,7 +523,7 @@ def _quantize_int4(w2: np.ndarray, quant: str, outlier_frac: float) -> QuantTens
         if idx is not None:  # the corrected entries are left out of the scale search (as 0)
             wc = wc.copy()
             wc.reshape(-1)[idx[firsts[k]:firsts[k + 1]] - c.start * cols] = 0.0
-        scales[c], q[c] = _int4_groups(wc, cols)
+        scales[c], q[c] = _int4_groups(wc, cols, colw)
     scales16 = _int4_stored(scales)
     qt = QuantTensor(quant, rows, cols, q, group_size=g, scales=scales16)
     if idx is not None:  # the corrected entries get their own nearest value too, the residual goes to E
@@ -512,9 +546,10 @@ def _int4_stored(scales: np.ndarray) -> np.ndarray:
     return scales
 
 
-def _int4_plain(w2: np.ndarray, qt: QuantTensor) -> QuantTensor:
-    """quantize(w2, "int4") from qt = quantize(w2, "int4c"): a group without a correction is searched on the
-    same weights in both, so only the groups holding one (a few percent) are searched again."""
+def _int4_plain(w2: np.ndarray, qt: QuantTensor, colw: np.ndarray | None = None) -> QuantTensor:
+    """quantize(w2, "int4") from qt = quantize(w2, "int4c") (both with the column weights colw): a group
+    without a correction is searched on the same weights in both, so only the groups holding one (a few
+    percent) are searched again."""
     rows, cols = w2.shape
     g = INT4_GROUP
     assert qt.scales is not None
@@ -527,15 +562,22 @@ def _int4_plain(w2: np.ndarray, qt: QuantTensor) -> QuantTensor:
         inside = at < cols
         wg = np.zeros(at.shape, dtype=np.float32)  # zero-padded, as _padded_groups pads a row
         wg[inside] = w2[np.broadcast_to(r[:, None], at.shape)[inside], at[inside]]
-        s_g, q_g = _int4_groups(wg, g)
+        s_g, q_g = _int4_groups(wg, g, None if colw is None else _padded_columns(colw, g)[gc])
         scales[r, gc] = s_g[:, 0]
         q[np.broadcast_to(r[:, None], at.shape)[inside], at[inside]] = q_g[inside]
     return QuantTensor("int4", rows, cols, q, group_size=g, scales=_int4_stored(scales))
 
 
-def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+def _padded_columns(colw: np.ndarray, g: int) -> np.ndarray:
+    """Column weights (cols,) as (n_groups, g), the last group padded with 0."""
+    n_groups = -(-colw.size // g)
+    return np.concatenate([colw, np.zeros(n_groups * g - colw.size)]).reshape(n_groups, g)
+
+
+def _int4_groups(w: np.ndarray, cols: int, colw: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per group of INT4_GROUP: the scale (as stored: f16-rounded unless out of its range) and the
-    values in [-8, 7] of least squared error over INT4_CANDIDATES (see the module docstring).
+    values in [-8, 7] of least squared error over INT4_CANDIDATES (see the module docstring); with column
+    weights colw ((cols,), or (rows, INT4_GROUP): each row's group's own) the least weighted squared error.
 
     The groups are laid out transposed, (INT4_GROUP, groups): every operation then runs along the groups,
     contiguous, instead of 32 entries at a time, and a group's sums are _group_sum's, numpy's own order."""
@@ -543,6 +585,10 @@ def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
     rows, n_groups = groups.shape[:2]
     gt = np.ascontiguousarray(groups.reshape(-1, INT4_GROUP).T)  # (32, groups)
     n = gt.shape[1]
+    if colw is not None:
+        per = colw if colw.ndim == 2 else _padded_columns(colw, INT4_GROUP)  # (groups of a row, 32)
+        wt = np.ascontiguousarray(np.tile(per.T, (1, n // per.shape[0])))  # (32, groups), gt's layout
+        return _int4_weighted(gt, wt, rows, n_groups, cols)
     peak = gt[np.argmax(np.abs(gt), axis=0), np.arange(n)]  # the signed largest entry (the first of ties)
     best_err = np.full(n, np.inf, dtype=np.float64)
     best_s = np.zeros(n, dtype=np.float32)
@@ -572,6 +618,32 @@ def _int4_groups(w: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
         best_t = np.where(better, t, best_t)
     best_q = values(best_t).astype(np.int8)
     return best_s.reshape(rows, n_groups), best_q.T.reshape(rows, -1)[:, :cols]
+
+
+def _int4_weighted(gt: np.ndarray, wt: np.ndarray, rows: int, n_groups: int, cols: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """_int4_groups with column weights wt (gt's layout): each candidate's scale by weighted least squares,
+    s = sum(c w q) / sum(c q q), the candidate of least sum(c (w - s q)^2) kept."""
+    n = gt.shape[1]
+    peak = gt[np.argmax(np.abs(gt), axis=0), np.arange(n)]
+    g64 = gt.astype(np.float64)
+    best_err = np.full(n, np.inf)
+    best_s = np.zeros(n, dtype=np.float32)
+    best_q = np.zeros(gt.shape)
+    for t in INT4_CANDIDATES:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(peak != 0, t / peak, 0.0)
+        q = np.clip(np.rint(g64 * inv), -8, 7)
+        cq = wt * q
+        qq = np.sum(cq * q, axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = _as_stored(np.where(qq > 0, np.sum(cq * g64, axis=0) / qq, 0.0).astype(np.float32))
+        err = np.sum(wt * np.square(g64 - s * q), axis=0)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_s = np.where(better, s, best_s)
+        best_q[:, better] = q[:, better]
+    return best_s.reshape(rows, n_groups), best_q.astype(np.int8).T.reshape(rows, -1)[:, :cols]
 
 
 def _group_sum(x: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ def _export_options(a: argparse.Namespace, layout: str, max_prefill_block: int):
         max_seq=a.max_seq,
         prefill_block=a.prefill_block, layout=layout, int8_activations=not a.float_activations,
         prompt=a.prompt or [], generate=a.generate, predict=not a.no_predict, prune_experts=a.prune_experts,
+        calib=a.calib,
         max_prefill_block=max_prefill_block, tokenizer=not a.no_tokenizer, kv=a.kv,
     )
 
@@ -235,6 +236,9 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
     e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
     e.add_argument("--prune-experts", metavar="CALIB", default=None,
                    help="drop experts the calibration set (token ids, a sequence per line) never routes to")
+    e.add_argument("--calib", metavar="FILE", default=None,
+                   help="calibration set (token ids, a sequence per line): int8c/int4c corrections and int4 "
+                        "scales weigh each matrix input by its mean square on it (AWQ-style salience)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -172,6 +172,8 @@ def _options(arguments: dict) -> dict:
             "prefill_block": int(arguments.get("PREFILL_BLOCK", d["prefill_block"])),
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
             "kv": _kv(arguments.get("KV", d["kv"])),
+            # CALIB=file: a calibration set for the quantizer (--calib); its absolute path keys the build
+            "calib": str(Path(arguments["CALIB"]).absolute()) if arguments.get("CALIB") else d["calib"],
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")

@@ -36,7 +36,7 @@ def colibri_export(env, ckpt: Path, gen: Path, opts: dict) -> dict[str, object]:
 
     from colibri.codegen.inputs import export_inputs, exporter_sources
 
-    inputs = export_inputs(ckpt, opts.get("prune_experts"))
+    inputs = export_inputs(ckpt, opts.get("prune_experts"), opts.get("calib"))
     sources = [file_node(env, p) for p in inputs + exporter_sources()]
     outs = [file_node(env, gen / n) for n in OUTPUTS]
     message = escape(f"EXPORT {shown(ckpt.name)} ({opts['quant']}) -> {shown(gen)}")

@@ -1,0 +1,99 @@
+"""Activation statistics of a calibration set, for `--calib`: which inputs of each matrix matter.
+
+The reference (float32, the source weights) runs every calibration sequence token by token and sums,
+for every matrix it multiplies, the square of each input entry over the tokens that reached it (an expert
+only sees the tokens routed to it). The mean, E[x_j^2] per input column j, weighs that column's error:
+a weight error dw_ij adds dw_ij * x_j to output i, so the expected squared error of a row is
+sum_j dw_ij^2 E[x_j^2] (quantize.column_weights). The quantizer then ranks int8c/int4c corrections by
+|w_ij| sqrt(E[x_j^2]) and searches int4 scales by the weighted squared error.
+
+A matrix no calibration token reached (an expert never routed to; the embedding, which is looked up,
+not multiplied, unless it is tied to the output) gets no statistics and is quantized as without --calib.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .reference import Reference, WeightSource
+from .spec import ModelSpec
+
+CALIB_CACHE_BYTES = 2 << 30  # source weights the calibration run keeps as float32 at a time
+CALIB_KEEP = 256  # tokens whose norm outputs are kept, for measuring a quantization's output error
+
+
+@dataclass(frozen=True)
+class Calibration:
+    file: str
+    sequences: int
+    tokens: int
+    mean_square: dict[str, np.ndarray]  # matrix name -> E[x^2] of each input column (float64)
+    peak: dict[str, np.ndarray]  # matrix name -> max |x| of each input column (float32)
+    counts: dict[str, int]  # matrix name -> tokens that reached it
+    inputs: dict[str, np.ndarray]  # norm name -> its output at the first CALIB_KEEP tokens (float32, (T, h))
+    input_peak: dict[str, np.ndarray]  # norm name -> max |x| of each channel of its output, every token
+
+    def importance(self, name: str) -> np.ndarray | None:
+        return self.mean_square.get(name)
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "sequences": self.sequences, "tokens": self.tokens,
+                "matrices": len(self.mean_square)}
+
+
+class _Recorder(Reference):
+    """The reference, summing x^2 of every matrix's input as it multiplies."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.sums: dict[str, np.ndarray] = {}
+        self.peaks: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+        self.inputs: dict[str, list[np.ndarray]] = {}
+        self.input_peak: dict[str, np.ndarray] = {}
+        super().__init__(*args, **kwargs)
+
+    def _norm_output(self, norm: str, x: np.ndarray) -> None:
+        kept = self.inputs.setdefault(norm, [])
+        if len(kept) < CALIB_KEEP:
+            kept.append(x.copy())
+        p = self.input_peak.get(norm)
+        self.input_peak[norm] = np.abs(x) if p is None else np.maximum(p, np.abs(x))
+
+    def _attention(self, layer: int, x: np.ndarray) -> np.ndarray:
+        self._norm_output(f"layers.{layer}.attn_norm", x)
+        return super()._attention(layer, x)
+
+    def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
+        self._norm_output(f"layers.{layer}.ffn_norm", x)
+        return super()._moe(layer, x)
+
+    def _mm(self, name: str, x: np.ndarray) -> np.ndarray:
+        if name == "lm_head":
+            self._norm_output("final_norm", x)
+        s = self.sums.get(name)
+        if s is None:
+            s = self.sums[name] = np.zeros(x.size, dtype=np.float64)
+        s += np.square(x, dtype=np.float64)
+        p = self.peaks.get(name)
+        self.peaks[name] = np.abs(x) if p is None else np.maximum(p, np.abs(x))
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return super()._mm(name, x)
+
+
+def calibrate(spec: ModelSpec, weights: WeightSource, seqs: list[list[int]], max_seq: int,
+              file: str | Path) -> Calibration:
+    """Run `seqs` (each cut to max_seq tokens) through the float32 reference; E[x^2] of every input."""
+    ref = _Recorder(spec, weights, max_seq=max_seq, cache_bytes=CALIB_CACHE_BYTES)
+    tokens = 0
+    for seq in seqs:
+        ref.reset()
+        for t in seq[:max_seq]:
+            ref.forward([t])
+            tokens += 1
+    mean_square = {name: s / ref.counts[name] for name, s in ref.sums.items()}
+    inputs = {norm: np.stack(xs) for norm, xs in ref.inputs.items()}
+    return Calibration(str(file), len(seqs), tokens, mean_square, dict(ref.peaks), dict(ref.counts), inputs,
+                       dict(ref.input_peak))

@@ -1,0 +1,153 @@
+"""--calib: a calibration set's activation statistics choose a scale migration folded into the weights
+(codegen/smooth.py) and weigh int4's scale search and int4c's corrections (codegen/calibrate.py).
+
+The end-to-end checks run the C runtime (host) on the exported blob and compare its logits with the float32
+reference of the source checkpoint, on sequences the calibration set does not hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from colibri.codegen.calibrate import calibrate
+from colibri.codegen.checkpoint import open_checkpoint
+from colibri.codegen.quantize import _int4_groups, quantize
+from colibri.codegen.reference import Reference
+from colibri.codegen.smooth import SmoothedWeights, Smoothing, migration_scales, norm_groups
+from colibri.codegen.spec import canonical_names
+from colibri.runtime import load
+
+from conftest import synth
+from logit_stats import log_softmax, stepwise
+
+SHAPE = dict(layers=2, hidden=128, ffn=256, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=11)
+N_SEQS, SEQ_LEN = 32, 16
+GAIN = 8.0  # the norm weights' outlier channels: activation outliers, as trained LLMs have them
+
+
+def _act_outliers(ckpt, channels: int = 3):
+    """The checkpoint with `channels` channels of every RMSNorm weight multiplied by GAIN."""
+    path = ckpt / "model.safetensors"
+    t = load_file(path)
+    rng = np.random.default_rng(3)
+    for k, v in t.items():
+        if k.endswith("norm.weight"):
+            v = v.copy()
+            v[rng.choice(v.size, channels, replace=False)] *= GAIN
+            t[k] = v
+    save_file(t, path, metadata={"format": "pt"})
+    return ckpt
+
+
+def _calib_file(path, vocab: int, seed: int = 99):
+    seqs = np.random.default_rng(seed).integers(0, vocab, size=(48, SEQ_LEN))
+    path.write_text("# calibration\n" + "\n".join(" ".join(map(str, s)) for s in seqs) + "\n")
+    return path
+
+
+def _kl(base: np.ndarray, other: np.ndarray) -> float:
+    p, q = log_softmax(base), log_softmax(other)
+    return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
+
+
+def test_migration_leaves_the_float_model_as_it_was(tmp_path):
+    ckpt = _act_outliers(synth(tmp_path / "m", **SHAPE))
+    c = open_checkpoint(ckpt)
+    weights = {n: c.get(n) for n in canonical_names(c.spec)}
+    seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(4, SEQ_LEN))
+    cal = calibrate(c.spec, weights, seqs.tolist(), 32, "x")
+    groups = norm_groups(c.spec)
+    assert set(groups) == {f"layers.{i}.{n}" for i in range(2) for n in ("attn_norm", "ffn_norm")} | {"final_norm"}
+    scales, consumers = {}, {}
+    for norm, cons in groups.items():
+        wmax = np.max([np.max(np.abs(weights[n]), axis=0) for n in cons], axis=0)
+        scales[norm] = migration_scales(cal.input_peak[norm], wmax, 0.5)
+        assert np.ptp(np.log(scales[norm])) > 1.0  # a real migration, not s = 1
+        consumers.update(dict.fromkeys(cons, norm))
+    smoothed = SmoothedWeights(weights, Smoothing(scales, dict.fromkeys(scales, 0.5), consumers))
+    assert not np.array_equal(smoothed.get("layers.0.moe.experts.1.up"), weights["layers.0.moe.experts.1.up"])
+    a, b = Reference(c.spec, weights, max_seq=32), Reference(c.spec, smoothed, max_seq=32)
+    base, got = stepwise(a.forward, a.reset, seqs), stepwise(b.forward, b.reset, seqs)
+    assert np.max(np.abs(got - base)) <= 1e-4 * np.max(np.abs(base))
+
+
+def test_weighted_int4_search():
+    """With equal column weights the weighted search picks what the plain one does; a column weighed 1000x
+    gets a smaller error than without weights."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    s0, q0 = _int4_groups(w, 96)
+    s1, q1 = _int4_groups(w, 96, np.ones(96))
+    assert np.mean(q0 == q1) > 0.99 and np.mean(s0 == s1) > 0.97
+    imp = np.ones(96)
+    imp[5] = 1000.0
+    plain = quantize(w, "int4").dequantize()
+    weighted = quantize(w, "int4", importance=imp).dequantize()
+    err = lambda d: float(np.sum((w[:, 5] - d[:, 5]) ** 2))  # noqa: E731
+    assert err(weighted) < 0.5 * err(plain)
+    # the whole matrix's weighted error is lower too
+    werr = lambda d: float(np.sum(((w - d) ** 2) * imp))  # noqa: E731
+    assert werr(weighted) < werr(plain)
+
+
+# (checkpoint, quantization, the largest calibrated/uncalibrated mean KL taken): activation outliers must
+# gain; on Gaussian or heavy-tailed weights with the synth's own norms the search must not lose
+CASES = {
+    "act-int8c": ("act", "int8c", 0.9), "act-int4c": ("act", "int4c", 0.9),
+    "plain-int8c": ("plain", "int8c", 1.05), "heavy-int8c": ("heavy", "int8c", 1.05),
+    "heavy-int4c": ("heavy", "int4c", 1.05),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_calib_kl(case, tmp_path, build_model):
+    """End to end on the C runtime: the calibrated export's mean KL to the float32 logits against the
+    uncalibrated one's, on sequences the calibration set does not hold; the blob's bits are the same."""
+    kind, quant, limit = CASES[case]
+    ckpt = synth(tmp_path / case, **SHAPE, heavy_tail=kind == "heavy")
+    if kind == "act":
+        _act_outliers(ckpt)
+    calib = _calib_file(tmp_path / "calib.txt", SHAPE["vocab"])
+    c = open_checkpoint(ckpt)
+    fp32 = Reference(c.spec, {n: c.get(n) for n in canonical_names(c.spec)}, max_seq=64)
+    seqs = np.random.default_rng(0).integers(0, c.spec.vocab, size=(N_SEQS, SEQ_LEN))
+    base = stepwise(fp32.forward, fp32.reset, seqs)
+    kl, bits = {}, {}
+    for label, extra in (("plain", ()), ("calib", (f"CALIB={calib}",))):
+        out = build_model(ckpt, quant, "host", "MAX_SEQ=64", *extra)
+        manifest = json.loads((out / "manifest.json").read_text())
+        bits[label] = manifest["totals"]["bits_per_weight"]
+        if label == "calib":
+            cal = manifest["calibration"]
+            assert cal["sequences"] == 48 and cal["tokens"] == 48 * SEQ_LEN
+            if kind == "act":
+                assert cal["smoothing"]["migrated"], cal
+        else:
+            assert manifest["calibration"] is None
+        m = load(out / f"libcolibri_{out.name}.so")
+        kl[label] = _kl(base, stepwise(m.forward, m.reset, seqs))
+    assert bits["calib"] == pytest.approx(bits["plain"], abs=1e-3)
+    assert kl["calib"] <= limit * kl["plain"], kl
+
+
+@pytest.mark.parametrize("content,why", [
+    ("1 2 x\n", "line 1: not a list of token ids"),
+    ("5 999\n", "line 1: token id outside [0, 256)"),
+    ("# nothing\n\n", "the calibration set has no sequences"),
+])
+def test_bad_calibration_file(content, why, tmp_path):
+    ckpt = synth(tmp_path / "m", **SHAPE)
+    bad = tmp_path / "calib.txt"
+    bad.write_text(content)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "colibri.toolchain.cli", "export", str(ckpt), "-o", str(out),
+                        "--calib", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and why in lines[0], r.stderr
+    assert not out.exists()
