@@ -10,7 +10,9 @@ with --attn-quant int8c; int4 and int4c keep K and V 8-bit, as the exporter does
 numpy reference on the exporter's own quantized weights, with the integer activations the runtime's
 matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the float input), which is
 what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of
-the checkpoint: norms, router and everything else kept in f32 included.
+the checkpoint: norms, router and everything else kept in f32 included. The "calib" rows are calibrated as
+`colibri export --calib` calibrates (scale migration folded into the weights, int4 searches weighted), on
+--calib-seqs sequences of seed 1; their format and corrections are the uncalibrated rows', so is their speed.
 
 Read the mean KL with its two neighbours. In an MoE the mean is carried by the positions where
 quantization flips a router's choice in some layer (int8 on the three checkpoints of
@@ -67,6 +69,10 @@ VARIANTS = (("f32", "f32", 0, False, None), ("f16", "f16", 0, False, None), ("in
             ("int8c attn=f16", "int8c", 0, True, "f16"),
             ("int4", "int4", 0, True, None), ("int4c", "int4c", 0, True, None),
             ("int4c attn=int8c", "int4c", 0, True, "int8c"))
+# the same, calibrated as `colibri export --calib` calibrates (codegen/smooth.py, codegen/calibrate.py) on
+# --calib-seqs sequences of seed 1, which the table's sequences (seed 0) do not hold
+CALIB_VARIANTS = (("int8c calib", "int8c", None), ("int4c calib", "int4c", None),
+                  ("int4c attn=int8c calib", "int4c", "int8c"))
 
 
 class QuantWeights(dict):
@@ -97,12 +103,27 @@ class QuantWeights(dict):
         return self._corr.get(name)
 
 
-def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None = None
+def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None = None, calib=None
                        ) -> Callable[[str, np.ndarray], QuantTensor]:
     """The exporter's quantization of each tensor (stream.tensor_quant decides which stay f32)."""
     def q(name: str, w: np.ndarray) -> QuantTensor:
-        return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant).qt
+        return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant,
+                               calib).qt
     return q
+
+
+def calibrated(spec, weights: dict[str, np.ndarray], quant: str, attn_quant: str | None, seqs: np.ndarray,
+               max_seq: int) -> tuple[dict[str, np.ndarray], Callable[[str, np.ndarray], QuantTensor]]:
+    """The weights with the export's scale migration folded in, and its calibrated quantizer."""
+    from colibri.codegen.export import ExportOptions, _calibrate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "calib.txt"
+        f.write_text("\n".join(" ".join(map(str, s)) for s in seqs.tolist()) + "\n")
+        opts = ExportOptions(quant=quant, attn_quant=attn_quant, outlier_frac=default_outlier_frac(quant),
+                             calib=str(f))
+        source, calib, _ = _calibrate(weights, spec, opts, max_seq, lambda line: None)
+    return {n: source.get(n) for n in weights}, exporter_quantizer(quant, 0, attn_quant, calib)
 
 
 def jittered(quantizer: Callable[[str, np.ndarray], QuantTensor], factor: float
@@ -252,6 +273,8 @@ def main() -> int:
     ap.add_argument("--logits-tool", type=Path, default=PEER / "tools" / "logits")
     ap.add_argument("--speed", type=int, default=0, metavar="ROUNDS", help="decode tok/s over ROUNDS rounds")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "quant_table", help="--speed's builds")
+    ap.add_argument("--calib-seqs", type=int, default=64, help="calibration sequences of the calibrated rows "
+                    "(seed 1, --len tokens each; 0: no such rows)")
     ap.add_argument("--jitter", type=float, default=0.003,
                     help="the noise-floor row: int8 with every scale times 1 + JITTER (0: no such row)")
     a = ap.parse_args()
@@ -277,6 +300,14 @@ def main() -> int:
         routes: list[tuple] = []
         logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
         flips = np.array([x != y for x, y in zip(base_routes, routes or base_routes, strict=True)])
+        print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
+    cal_seqs = sequences(spec.vocab, a.calib_seqs, a.length, seed=1)
+    for label, quant, attn in CALIB_VARIANTS if a.calib_seqs else ():
+        smoothed, quantizer = calibrated(spec, weights, quant, attn, cal_seqs, max_seq)
+        qw = QuantWeights(smoothed, quantizer)
+        routes = []
+        logits = stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
+        flips = np.array([x != y for x, y in zip(base_routes, routes, strict=True)])
         print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
     for label, suffix in LLAMACPP if a.llamacpp else ():
         gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
