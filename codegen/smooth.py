@@ -105,14 +105,19 @@ def plan_smoothing(spec: ModelSpec, source, calib: Calibration,
         x = calib.inputs.get(norm)
         if x is None or not group:
             continue
-        measured = _measured(group, calib)
-        ws = {n: np.asarray(source.get(n), dtype=np.float32) for n in group}
-        probe = {n: quantizer(n, ws[n], calib.importance(n)) for n in measured}
+        measured = set(_measured(group, calib))
+        ws, wmax = {}, None  # the measured matrices, and every consumer's column maxima (read one at a time)
+        for n in group:
+            w = np.asarray(source.get(n), dtype=np.float32)
+            m = np.max(np.abs(w), axis=0)
+            wmax = m if wmax is None else np.maximum(wmax, m)
+            if n in measured:
+                ws[n] = w
+        probe = {n: quantizer(n, ws[n], calib.importance(n)) for n in ws}
         probe = {n: v for n, v in probe.items() if v[0].dtype not in ("f32", "f16")}
         if not probe:
             continue
         xmax = calib.input_peak[norm]
-        wmax = np.max([np.max(np.abs(w), axis=0) for w in ws.values()], axis=0)
         best, best_err, best_s = 0.0, sum(_output_error(ws[n], qt, x, ia) for n, (qt, ia) in probe.items()), None
         for alpha in SMOOTH_ALPHAS[1:]:
             s = migration_scales(xmax, wmax, alpha)
