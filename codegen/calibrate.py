@@ -4,8 +4,11 @@ The reference (float32, the source weights) runs every calibration sequence toke
 for every matrix it multiplies, the square of each input entry over the tokens that reached it (an expert
 only sees the tokens routed to it). The mean, E[x_j^2] per input column j, weighs that column's error:
 a weight error dw_ij adds dw_ij * x_j to output i, so the expected squared error of a row is
-sum_j dw_ij^2 E[x_j^2] (quantize.column_weights). The quantizer then ranks int8c/int4c corrections by
-|w_ij| sqrt(E[x_j^2]) and searches int4 scales by the weighted squared error.
+sum_j dw_ij^2 E[x_j^2] (quantize.column_weights). int4 and int4c (stream.CALIBRATED) then search their
+scales by the weighted squared error and rank int4c's corrections by |w_ij| sqrt(E[x_j^2]).
+
+It also keeps each norm's output (the first CALIB_KEEP tokens, and every channel's peak), from which
+codegen/smooth.py chooses the scale migration folded into the weights.
 
 A matrix no calibration token reached (an expert never routed to; the embedding, which is looked up,
 not multiplied, unless it is tied to the output) gets no statistics and is quantized as without --calib.
@@ -31,7 +34,6 @@ class Calibration:
     sequences: int
     tokens: int
     mean_square: dict[str, np.ndarray]  # matrix name -> E[x^2] of each input column (float64)
-    peak: dict[str, np.ndarray]  # matrix name -> max |x| of each input column (float32)
     counts: dict[str, int]  # matrix name -> tokens that reached it
     inputs: dict[str, np.ndarray]  # norm name -> its output at the first CALIB_KEEP tokens (float32, (T, h))
     input_peak: dict[str, np.ndarray]  # norm name -> max |x| of each channel of its output, every token
@@ -49,7 +51,6 @@ class _Recorder(Reference):
 
     def __init__(self, *args, **kwargs) -> None:
         self.sums: dict[str, np.ndarray] = {}
-        self.peaks: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
         self.inputs: dict[str, list[np.ndarray]] = {}
         self.input_peak: dict[str, np.ndarray] = {}
@@ -77,8 +78,6 @@ class _Recorder(Reference):
         if s is None:
             s = self.sums[name] = np.zeros(x.size, dtype=np.float64)
         s += np.square(x, dtype=np.float64)
-        p = self.peaks.get(name)
-        self.peaks[name] = np.abs(x) if p is None else np.maximum(p, np.abs(x))
         self.counts[name] = self.counts.get(name, 0) + 1
         return super()._mm(name, x)
 
@@ -95,5 +94,4 @@ def calibrate(spec: ModelSpec, weights: WeightSource, seqs: list[list[int]], max
             tokens += 1
     mean_square = {name: s / ref.counts[name] for name, s in ref.sums.items()}
     inputs = {norm: np.stack(xs) for norm, xs in ref.inputs.items()}
-    return Calibration(str(file), len(seqs), tokens, mean_square, dict(ref.peaks), dict(ref.counts), inputs,
-                       dict(ref.input_peak))
+    return Calibration(str(file), len(seqs), tokens, mean_square, dict(ref.counts), inputs, dict(ref.input_peak))

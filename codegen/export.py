@@ -61,7 +61,7 @@ class ExportOptions:
     prefill_block: int = 0  # tokens a prefill runs through the layers at once; 0: plan.prefill_block()
     predict: bool = True
     prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
-    calib: str | None = None  # calibration set (the same format): weigh each matrix input by its E[x^2]
+    calib: str | None = None  # calibration set (the same format): scale migration, weighted int4 searches
     workers: int = 0  # quantizing threads; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
     int8_activations: bool = True  # integer matmuls (format 1.2); False keeps float activations (1.0/1.1)

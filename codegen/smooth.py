@@ -20,7 +20,7 @@ against the float product.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -181,5 +181,4 @@ def smoothed_calibration(calib: Calibration, smoothing: Smoothing) -> Calibratio
     for name, norm in smoothing.consumers.items():
         if name in ms:
             ms[name] = ms[name] / np.square(smoothing.scales[norm], dtype=np.float64)
-    return Calibration(calib.file, calib.sequences, calib.tokens, ms, calib.peak, calib.counts,
-                       calib.inputs, calib.input_peak)
+    return replace(calib, mean_square=ms)
