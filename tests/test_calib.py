@@ -151,3 +151,26 @@ def test_bad_calibration_file(content, why, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and why in lines[0], r.stderr
     assert not out.exists()
+
+
+HOSTILE = '${__import__("os").system("touch PWNED")} $x `touch PWNED` \'$(touch PWNED)\' a;b,c'
+
+
+def test_calib_in_a_build(tmp_path):
+    """CALIB= in a build: a path SCons would substitute or a shell would run is only a path (the export
+    reads it: the manifest records it), and a missing file is one line and exit 2 before anything builds."""
+    from conftest import output_dirs, scons
+
+    base = tmp_path / HOSTILE
+    ckpt = synth(base / "m", **SHAPE)
+    calib = _calib_file(base / "calib $y.txt", SHAPE["vocab"])
+    res = scons(f"MODEL={ckpt}", "TARGET=host", f"CALIB={calib}", build=base / "b")
+    out = output_dirs(res)["host"]
+    assert json.loads((out / "manifest.json").read_text())["calibration"]["file"] == str(calib)
+    assert not [p for p in tmp_path.rglob("PWNED")], "a path was evaluated or ran through a shell"
+    missing = base / "no such.txt"
+    r = scons(f"MODEL={ckpt}", "TARGET=host", f"CALIB={missing}", build=base / "b2", check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"colibri: CALIB={missing}: no such file (a calibration set: token ids, "
+                                             "a sequence per line)"]
+    assert not (base / "b2" / "gen").exists()

@@ -112,6 +112,16 @@ def _prompts(arg: str) -> str | None:
         raise
 
 
+def _calib(arg: str) -> str | None:
+    """CALIB=file: its absolute path (the export reads and checks its contents), None without the option."""
+    if not arg:
+        return None
+    path = Path(arg).absolute()
+    if not path.is_file():
+        _fail(f"CALIB={shown(path)}: no such file (a calibration set: token ids, a sequence per line)")
+    return str(path)
+
+
 def _max_seq(arg: str) -> int | str:
     return "auto" if arg == "auto" else int(arg)
 
@@ -173,7 +183,7 @@ def _options(arguments: dict) -> dict:
             "int8_activations": _activations(arguments.get("ACTIVATIONS", "int8")),
             "kv": _kv(arguments.get("KV", d["kv"])),
             # CALIB=file: a calibration set for the quantizer (--calib); its absolute path keys the build
-            "calib": str(Path(arguments["CALIB"]).absolute()) if arguments.get("CALIB") else d["calib"],
+            "calib": _calib(arguments.get("CALIB", "")) or d["calib"],
         }
     except ValueError as e:
         _fail(f"bad build option: {e}")
