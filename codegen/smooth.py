@@ -75,20 +75,23 @@ def migration_scales(xmax: np.ndarray, wmax: np.ndarray, alpha: float) -> np.nda
     return np.clip(s, 1.0 / SCALE_RANGE, SCALE_RANGE).astype(np.float32)
 
 
-def _output_error(w: np.ndarray, qt: QuantTensor, x: np.ndarray, int_act: bool) -> float:
-    """||Y_q - Y||^2 / ||Y||^2 over the rows of x: Y = x W^T in float64, Y_q as the runtime computes it
-    (activations rounded per token when int_act; the corrections take the float activations)."""
-    y = x.astype(np.float64) @ w.astype(np.float64).T
+def _rounded(x: np.ndarray) -> np.ndarray:
+    """The rows of x (tokens) as the runtime's integer matmuls see them, float64."""
+    return np.stack([quantize_q8(t) for t in x]).astype(np.float64)
+
+
+def _output_error(y: np.ndarray, qt: QuantTensor, x: np.ndarray, xq: np.ndarray | None) -> float:
+    """||Y_q - Y||^2 / ||Y||^2 over the rows of x (float64): y the float product, Y_q as the runtime computes
+    it, from xq (_rounded(x)) for integer activations (the corrections take x), from x when xq is None."""
     deq = qt.dequantize().astype(np.float64)
-    if not int_act:
-        yq = x.astype(np.float64) @ deq.T
+    if xq is None:
+        yq = x @ deq.T
     else:
-        xq = np.stack([quantize_q8(t) for t in x]).astype(np.float64)
         yq = xq @ deq.T
         if qt.n_outliers:
             e = np.zeros(qt.rows * qt.cols)
             e[qt.oidx.astype(np.int64)] = qt.oval.astype(np.float64)
-            yq += (x.astype(np.float64) - xq) @ e.reshape(qt.rows, qt.cols).T
+            yq += (x - xq) @ e.reshape(qt.rows, qt.cols).T
     norm = float(np.sum(y * y))
     return float(np.sum((yq - y) ** 2)) / norm if norm else 0.0
 
@@ -118,15 +121,20 @@ def plan_smoothing(spec: ModelSpec, source, calib: Calibration,
         if not probe:
             continue
         xmax = calib.input_peak[norm]
-        best, best_err, best_s = 0.0, sum(_output_error(ws[n], qt, x, ia) for n, (qt, ia) in probe.items()), None
+        x64 = x.astype(np.float64)
+        y = {n: x64 @ ws[n].astype(np.float64).T for n in probe}  # the float products, the same for every alpha
+        xq = _rounded(x64)
+        best, best_s = 0.0, None
+        best_err = sum(_output_error(y[n], qt, x64, xq if ia else None) for n, (qt, ia) in probe.items())
         for alpha in SMOOTH_ALPHAS[1:]:
             s = migration_scales(xmax, wmax, alpha)
-            xs = x / s[None, :]
+            xs = (x / s[None, :]).astype(np.float64)
+            xsq = _rounded(xs)
             err = 0.0
             for n in probe:
                 imp = calib.importance(n)
                 qt, ia = quantizer(n, ws[n] * s[None, :], None if imp is None else imp / np.square(s, dtype=np.float64))
-                err += _output_error(ws[n] * s[None, :], qt, xs, ia)
+                err += _output_error(y[n], qt, xs, xsq if ia else None)
             if err < best_err:
                 best, best_err, best_s = alpha, err, s
         alphas[norm] = best
