@@ -115,14 +115,10 @@ def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None =
 def calibrated(spec, weights: dict[str, np.ndarray], quant: str, attn_quant: str | None, seqs: np.ndarray,
                max_seq: int) -> tuple[dict[str, np.ndarray], Callable[[str, np.ndarray], QuantTensor]]:
     """The weights with the export's scale migration folded in, and its calibrated quantizer."""
-    from colibri.codegen.export import ExportOptions, _calibrate
+    from colibri.codegen import export
 
-    with tempfile.TemporaryDirectory() as tmp:
-        f = Path(tmp) / "calib.txt"
-        f.write_text("\n".join(" ".join(map(str, s)) for s in seqs.tolist()) + "\n")
-        opts = ExportOptions(quant=quant, attn_quant=attn_quant, outlier_frac=default_outlier_frac(quant),
-                             calib=str(f))
-        source, calib, _ = _calibrate(weights, spec, opts, max_seq, lambda line: None)
+    opts = export.ExportOptions(quant=quant, attn_quant=attn_quant, outlier_frac=default_outlier_frac(quant))
+    source, calib, _ = export.calibrated(weights, spec, opts, seqs.tolist(), max_seq)
     return {n: source.get(n) for n in weights}, exporter_quantizer(quant, 0, attn_quant, calib)
 
 

@@ -415,18 +415,25 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
 
 
 def _calibrate(source, spec: ModelSpec, opts: ExportOptions, max_seq: int, report: Callable[[str], None]):
-    """--calib: the calibration set's statistics, the scale migration they choose (codegen/smooth.py), and
-    the source with it folded in."""
-    from .calibrate import calibrate
-    from .layout import is_q8
+    """--calib: the file's sequences, then calibrated()."""
     from .prune import read_calibration
-    from .smooth import SmoothedWeights, plan_smoothing, smoothed_calibration
-    from .stream import CALIBRATED, tensor_scheme
 
     seqs = read_calibration(opts.calib, spec.vocab)
     report(f"calibration: running {sum(min(len(s), max_seq) for s in seqs)} tokens of {opts.calib} through the "
            "reference for each matrix's input statistics")
-    calib = calibrate(spec, source, seqs, max_seq, opts.calib)
+    return calibrated(source, spec, opts, seqs, max_seq, report)
+
+
+def calibrated(source, spec: ModelSpec, opts: ExportOptions, seqs: list[list[int]], max_seq: int,
+               report: Callable[[str], None] = lambda line: None):
+    """The calibration sequences' statistics, the scale migration they choose for opts' quantization
+    (codegen/smooth.py), and the source with it folded in: (source, Calibration, Smoothing)."""
+    from .calibrate import calibrate
+    from .layout import is_q8
+    from .smooth import SmoothedWeights, plan_smoothing, smoothed_calibration
+    from .stream import CALIBRATED, tensor_scheme
+
+    calib = calibrate(spec, source, seqs, max_seq, opts.calib or "")
 
     def quantizer(name: str, w: np.ndarray, importance: np.ndarray | None) -> tuple[QuantTensor, bool]:
         tq, g, frac = tensor_scheme(name, opts.quant, opts.group_size, opts.outlier_frac, opts.attn_quant)
