@@ -58,7 +58,8 @@ def header_bytes(n_tensors: int) -> int:
 
 
 def format_minor(spec: ModelSpec, plan: ArenaPlan, int4: bool = False, tokenizer: bool = False) -> int:
-    return fmt.blob_minor(blob_flags(spec, plan, tokenizer), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4)
+    return fmt.blob_minor(blob_flags(spec, plan, tokenizer), plan.buffers[-1].name == fmt.XQ_BUFFER.name, int4,
+                          plan.prefill_block)
 
 
 def blob_flags(spec: ModelSpec, plan: ArenaPlan, tokenizer: bool = False) -> int:

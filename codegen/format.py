@@ -33,6 +33,11 @@ MINOR_BASE = 0  # no feature flag beyond TIED, no integer matmuls
 MINOR_FEATURES = 1  # a feature flag of the MoE families beyond Mixtral
 MINOR_INT8_ACTS = 2  # integer matmuls (an xq buffer, maybe the tiled layout)
 MINOR_INT4 = 3  # int4 / int4c tensors (dtypes I4, I4C; always with integer matmuls)
+MINOR_ATTN_LANES = 4  # a prefill block's scores buffer holds attn_lanes(block) rows, not one
+
+# Rows of the scores buffer of a blob of minor >= MINOR_ATTN_LANES with a prefill block of B tokens:
+# min(B, ATTN_LANES), one for each token whose attention runs at the same time as others'.
+ATTN_LANES = 4
 
 _TYPES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "f32": "f"}
 
@@ -76,7 +81,8 @@ HEADER: tuple[Field, ...] = (
     Field("magic", 0, "u32", "`0x52424C43` (bytes `C L B R`)"),
     Field("version_major", 4, "u16", "1; a different major is refused"),
     Field("version_minor", 6, "u16", "0; 1 when any flag other than TIED is set; 2 with integer matmuls "
-                                      "(xq_offset ≠ 0); 3 with I4/I4C tensors; a newer minor is accepted "
+                                      "(xq_offset ≠ 0); 3 with I4/I4C tensors; 4 with a prefill block > 1 (the "
+                                      "scores buffer holds min(B, ATTN_LANES) rows); a newer minor is accepted "
                                       "(a dtype the runtime lacks is refused: `COLIBRI_E_DTYPE`)"),
     Field("crc32", 8, "u32", "CRC-32 (IEEE 802.3, as zlib.crc32) of bytes `[12, blob_bytes)`"),
     Field("header_bytes", 12, "u32", "256 + 64·n_tensors rounded up to 64"),
@@ -558,7 +564,8 @@ BUFFERS: tuple[Buffer, ...] = (
     Buffer("att", 3, 4, "B·n_heads·head_dim; MLA B·max(n_heads·(v_head_dim + kv_lora_rank), q_lora_rank, "
            "kv_lora_rank + head_dim)", "att (attention output; MLA: then each head's weighted latent, and "
            "in step 1 the q latent and kv_a's output)"),
-    Buffer("scores", 3, 3, "max_seq (+ 1 with ATTN_SINKS)", "scores", cls="scratch"),
+    Buffer("scores", 3, 3, "min(B, ATTN_LANES)·(max_seq (+ 1 with ATTN_SINKS)); before minor 4, one row",
+           "scores (a row for each token whose attention runs beside others')", cls="scratch"),
     Buffer("router", 7, 8, "B·n_experts", "router logits (then the routing weights)"),
     Buffer("gate", 8, 8, "B·ffn", "gate"),
     Buffer("up", 8, 8, "B·ffn", "up"),
@@ -572,7 +579,14 @@ N_BASE_BUFFERS = sum(not b.extra for b in BUFFERS)
 XQ_BUFFER = Buffer("xq", 0, 11, "B rows of the xq row bytes", "xq (int8 activations)", cls="scratch")
 
 
-def blob_minor(flags: int, int8_acts: bool, int4: bool = False) -> int:
+def attn_lanes(block: int) -> int:
+    """Rows of the scores buffer a blob written now plans for a prefill block of `block` tokens."""
+    return min(max(block, 1), ATTN_LANES)
+
+
+def blob_minor(flags: int, int8_acts: bool, int4: bool = False, block: int = 1) -> int:
+    if attn_lanes(block) > 1:
+        return MINOR_ATTN_LANES
     if int4:
         return MINOR_INT4
     if int8_acts:

@@ -58,8 +58,9 @@ def c_header() -> str:
     for name, c_name in (("Q8_BLOCK", "Q8_BLOCK"), ("TILE_ROWS", "TILE16_ROWS"), ("TILE_COLS", "TILE16_COLS")):
         add(f"#define CB_{c_name} {getattr(fmt, name)}u")
     add("/* the format minor that introduced a feature */")
-    for name in ("MINOR_FEATURES", "MINOR_INT8_ACTS", "MINOR_INT4"):
+    for name in ("MINOR_FEATURES", "MINOR_INT8_ACTS", "MINOR_INT4", "MINOR_ATTN_LANES"):
         add(f"#define CB_{name} {getattr(fmt, name)}u")
+    add(f"#define CB_ATTN_LANES {fmt.ATTN_LANES}u /* scores rows of a prefill block (minor >= 4) */")
     add("")
     add("/* bounds the validator applies before sizing anything (the Python readers apply the same) */")
     for name in ("MAX_LAYERS", "MAX_EXPERTS", "MAX_TOP_K", "MAX_PREFILL_BLOCK", "DENSE_MAP_LAYERS"):

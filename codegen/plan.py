@@ -121,7 +121,8 @@ def mla_row_widths(spec: ModelSpec) -> tuple[int, int]:
 
 
 def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f32") -> dict[str, int]:
-    """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block.
+    """f32 elements of each buffer; all but the caches and the scores hold one row per token of a block (the
+    scores one per attention lane: format.attn_lanes).
     The caches' entries count f32 elements of an f32 cache (buffer_bytes() has their bytes in any
     precision); with a 16- or 8-bit cache q also holds the block's new k and v rows in f32."""
     kv_elems = kv_positions(spec, max_seq, block) * spec.n_kv_heads * spec.head_dim
@@ -135,7 +136,7 @@ def buffer_elements(spec: ModelSpec, max_seq: int, block: int = 1, kv: str = "f3
         "xb": block * spec.hidden,
         "q": block * q_row,
         "att": block * att_row,
-        "scores": max_seq + (1 if spec.attn_sinks else 0),  # a sink is one more score
+        "scores": fmt.attn_lanes(block) * (max_seq + (1 if spec.attn_sinks else 0)),  # a sink: one more
         "router": block * spec.n_experts,
         "gate": block * spec.ffn,
         "up": block * spec.ffn,

@@ -182,5 +182,5 @@ def test_layouts_and_their_prefill_blocks(tmp_path):
             assert not out.exists()
             continue
         h = header((out / "model.bin").read_bytes())
-        assert (h["version_minor"], h["layout"]) == (2, {"tiled16": 2, "rows": 1}[layout])
+        assert (h["version_minor"], h["layout"], h["prefill_block"]) == (4, {"tiled16": 2, "rows": 1}[layout], block)
         assert json.loads((out / "manifest.json").read_text())["arena"]["prefill_block"] == block

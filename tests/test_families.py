@@ -81,11 +81,13 @@ def test_host_matches_reference(family, quant, family_ckpts, build_model):
     ckpt = family_ckpts[family]
     out = build_model(ckpt, quant)
     h = header((out / "model.bin").read_bytes())
-    # 1.1 features; 1.2 when some int8 matrix has a width that is a multiple of 32 (integer matmuls)
+    # 1.1 features; 1.2 when some int8 matrix has a width that is a multiple of 32 (integer matmuls); 1.4 with
+    # prefill blocks of more than one token (a scores row per attention lane)
     spec = open_checkpoint(ckpt).spec
     widths = [spec.hidden, spec.n_heads * spec.head_dim, spec.ffn, spec.shared_ffn, spec.dense_ffn]
     q8 = quant == "int8c" and any(w and w % 32 == 0 for w in widths)
-    assert (h["version_major"], h["version_minor"], h["xq_offset"] != 0) == (1, 2 if q8 else 1, q8)
+    minor = 4 if h["prefill_block"] > 1 else 2 if q8 else 1
+    assert (h["version_major"], h["version_minor"], h["xq_offset"] != 0) == (1, minor, q8)
     weights = None if quant == "f32" else blob_weights(out / "model.bin")
     ref = _reference(ckpt, weights)
     want = [ref.forward(PROMPT)] + [ref.forward([t]) for t in PROMPT[:3]]

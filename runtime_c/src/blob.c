@@ -60,7 +60,7 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
- * token of a prefill block; the caches hold each layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and
+ * token of a prefill block (the scores one per attention lane); the caches hold each layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and
  * with a 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
 static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
@@ -76,7 +76,7 @@ static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[C
     n[CB_BUF_X] = n[CB_BUF_XB] = n[CB_BUF_MOE] = cb_mul(b, m->hidden);
     n[CB_BUF_Q] = cb_mul(b, qdim);
     n[CB_BUF_ATT] = cb_mul(b, cb_mul(m->n_heads, m->head_dim));
-    n[CB_BUF_SCORES] = (uint64_t)m->max_seq + (m->flags & CB_FLAG_ATTN_SINKS ? 1 : 0); /* a sink: one more */
+    n[CB_BUF_SCORES] = cb_mul(cb_attn_lanes(blob, m), (uint64_t)m->max_seq + (m->flags & CB_FLAG_ATTN_SINKS ? 1 : 0)); /* a sink: one more */
     n[CB_BUF_ROUTER] = cb_mul(b, m->n_experts);
     n[CB_BUF_GATE] = n[CB_BUF_UP] = cb_mul(b, m->ffn);
     n[CB_BUF_XGATE] = n[CB_BUF_XUP] = cb_mul(b, m->shared_ffn > m->dense_ffn ? m->shared_ffn : m->dense_ffn);

@@ -21,6 +21,8 @@
 #define CB_MINOR_FEATURES 1u
 #define CB_MINOR_INT8_ACTS 2u
 #define CB_MINOR_INT4 3u
+#define CB_MINOR_ATTN_LANES 4u
+#define CB_ATTN_LANES 4u /* scores rows of a prefill block (minor >= 4) */
 
 /* bounds the validator applies before sizing anything (the Python readers apply the same) */
 #define CB_MAX_LAYERS 65536u

@@ -142,6 +142,14 @@ static inline const uint8_t *cb_entry(const uint8_t *blob, size_t i)
 }
 
 /* Whether layer l is a dense MLP (the header's dense_map) */
+/* Rows of the scores buffer (FORMAT.md "Arena"): tokens of a prefill block whose attention may run at once */
+static inline size_t cb_attn_lanes(const uint8_t *blob, const cb_model *m)
+{
+    if (cb_rd16(blob + CB_H_VERSION_MINOR) < CB_MINOR_ATTN_LANES)
+        return 1;
+    return m->block < CB_ATTN_LANES ? m->block : CB_ATTN_LANES;
+}
+
 static inline int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
 {
     return (flags & CB_FLAG_DENSE_LAYERS) && l < CB_DENSE_MAP_LAYERS && (blob[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1);

@@ -314,8 +314,8 @@ static void cb_softmax_sink(float *scores, size_t n, const float *sinks, size_t 
 /* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att: the
  * positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding window:
  * keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
-static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *sinks,
-                         const float *q_all, float *att_all)
+static void cb_attention(const colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *sinks,
+                         const float *q_all, float *att_all, float *scores)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
@@ -325,7 +325,6 @@ static void cb_attention(colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, con
     const uint8_t *keys = kvl->keys, *values = kvl->values;
     const size_t row = (size_t)cb_kv_row_bytes(&c->m), scale_at = (kvdim + 3) / 4 * 4; /* int8: the scales */
     const float scale = 1.0f / cb_sqrtf((float)hd);
-    float *scores = c->buf[CB_BUF_SCORES];
     for (size_t h = 0; h < n_heads; h++) {
         const float *q = q_all + h * hd;
         float *att = att_all + h * hd;
@@ -776,6 +775,44 @@ static void cb_ffn(colibri_ctx *c, size_t base, const cb_slots *s, int dense, si
         x[i] += moe[i];
 }
 
+/* Step 3 for the n tokens of a block at positions pos.. (their keys and values already cached: token j
+ * reads the rows up to pos + j). Task i of T takes tokens i, i + T, ... on scores row i; T is 1, or with a
+ * parallel_for up to the blob's lanes (FORMAT.md "Arena"). Each token's attention is the same operations
+ * whatever its task, so the split changes no bit. */
+typedef struct cb_attn_job {
+    const colibri_ctx *c;
+    const cb_kv_layer *kvl;
+    const float *sinks;
+    const cb_block_rows *r;
+    size_t n, pos, tasks;
+} cb_attn_job;
+
+static void cb_attn_task(void *job, size_t i)
+{
+    const cb_attn_job *a = (const cb_attn_job *)job;
+    const size_t row = (size_t)CB_MAX_SEQ(a->c) + (CB_FLAGS(a->c) & CB_FLAG_ATTN_SINKS ? 1 : 0);
+    for (size_t j = i; j < a->n; j += a->tasks)
+        cb_attention(a->c, a->kvl, a->pos + j, a->sinks, a->r->q[j], a->r->att[j], a->c->buf[CB_BUF_SCORES] + i * row);
+}
+
+static void cb_attend(const colibri_ctx *c, const cb_kv_layer *kvl, size_t n, size_t pos, const float *sinks,
+                      const cb_block_rows *r)
+{
+    cb_attn_job job = {c, kvl, sinks, r, n, pos, 1};
+#ifndef COLIBRI_NO_PARALLEL
+    const size_t lanes = cb_attn_lanes(c->blob, &c->m);
+    size_t tasks = c->parallel_tasks < lanes ? c->parallel_tasks : lanes;
+    tasks = tasks < n ? tasks : n;
+    const uint64_t macs = (uint64_t)n * (pos + n) * CB_N_HEADS(c) * CB_HEAD_DIM(c); /* scores and weighted rows */
+    if (c->parallel_for && tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
+        job.tasks = tasks;
+        c->parallel_for(cb_attn_task, &job, tasks, c->parallel_user);
+        return;
+    }
+#endif
+    cb_attn_task(&job, 0);
+}
+
 /* Layer l (its first table index base) for the n tokens at positions pos.., each step taken by all
  * n tokens before the next: x += attention(norm(x)), then x += mlp-or-experts(norm(x)). */
 static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *kvl, size_t n, size_t pos,
@@ -819,8 +856,8 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
             cb_kv_store(c, cb_kv_rows(c, kvl, 0, pos + j), r->k[j]);
             cb_kv_store(c, cb_kv_rows(c, kvl, 1, pos + j), r->v[j]);
         }
-        cb_attention(c, kvl, pos + j, sinks, r->q[j], r->att[j]);       /* 3 */
     }
+    cb_attend(c, kvl, n, pos, sinks, r); /* 3 */
     const float *const *att = (const float *const *)r->att; /* 4: x += Wo att (+ the o bias) */
     cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
     if (s.o_bias != CB_NO_SLOT)
