@@ -60,8 +60,9 @@ static uint64_t cb_n_tensors(const uint8_t *b, const cb_model *m)
 }
 
 /* Bytes of each arena buffer (FORMAT.md "Arena"): all but the caches and the scores hold one row per
- * token of a prefill block (the scores one per attention lane); the caches hold each layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and
- * with a 16- or 8-bit cache q also holds the block's new k and v rows in f32 */
+ * token of a prefill block (the scores one per attention lane, cb_attn_lanes); the caches hold each
+ * layer's cb_kv_layer_rows rows of cb_kv_row_bytes, and with a 16- or 8-bit cache q also holds the
+ * block's new k and v rows in f32 */
 static void cb_buffer_bytes(const uint8_t *blob, const cb_model *m, uint64_t n[CB_N_BUFFERS])
 {
     uint64_t kvdim = cb_mul(m->n_kv_heads, m->head_dim), b = m->block;

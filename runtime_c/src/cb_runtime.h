@@ -141,7 +141,6 @@ static inline const uint8_t *cb_entry(const uint8_t *blob, size_t i)
     return blob + CB_HEADER_BYTES + CB_ENTRY_BYTES * i;
 }
 
-/* Whether layer l is a dense MLP (the header's dense_map) */
 /* Rows of the scores buffer (FORMAT.md "Arena"): tokens of a prefill block whose attention may run at once */
 static inline size_t cb_attn_lanes(const uint8_t *blob, const cb_model *m)
 {
@@ -150,6 +149,7 @@ static inline size_t cb_attn_lanes(const uint8_t *blob, const cb_model *m)
     return m->block < CB_ATTN_LANES ? m->block : CB_ATTN_LANES;
 }
 
+/* Whether layer l is a dense MLP (the header's dense_map) */
 static inline int cb_dense_bit(const uint8_t *blob, uint32_t flags, uint64_t l)
 {
     return (flags & CB_FLAG_DENSE_LAYERS) && l < CB_DENSE_MAP_LAYERS && (blob[CB_H_DENSE_MAP + l / 8] >> (l % 8) & 1);
