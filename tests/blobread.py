@@ -41,7 +41,9 @@ HEADER_FIELDS = [
     (68, "I", "top_k"), (72, "I", "max_seq"), (76, "f", "rms_eps"), (80, "f", "rope_theta"),
     (84, "I", "n_buffers"), (88, "Q", "arena_bytes"),
     # format 1.1
-    (200, "I", "shared_ffn"), (204, "I", "dense_ffn"), (208, "f", "routed_scale"), (212, "I", "prefill_block"),
+    (200, "I", "shared_ffn"), (204, "I", "dense_ffn"), (208, "f", "routed_scale"),
+    # tokens of a prefill block (0: one)
+    (212, "I", "prefill_block"),
     # format 1.2
     (248, "Q", "xq_offset"),
 ]
