@@ -73,41 +73,57 @@ CB_OUTL_INLINE void cb_outl_add(size_t n, const float *const *x, float *dot, siz
     while (++j < n);
 }
 
+#define CB_OUTL_CHUNK 16u /* corrections of one row decoded at a time for all the tokens (128 bytes of stack) */
+
 /* The corrections of rows [r, r + nr) (a tile's), o at the first of them: for each, in index order, and each token
  * j < n (n >= 1), dot[j * ld + i] += oval * x[j][col] (i = row - r). Returns the walk past row r + nr - 1.
- * Row by row: a row's corrections are found by comparing with the row's end (the walk is sorted), and each
- * token's sum stays in a register while that row's corrections are added to it, in index order, so
- * every (row, token) sees the operations of the definition in its order. */
+ * Row by row: a row's corrections are found by comparing with the row's end (the walk is sorted) and decoded
+ * once, up to CB_OUTL_CHUNK at a time, into columns and f32 values; then each token's sum stays in a
+ * register (four tokens at a time, four independent chains) while they are added to it in index order. So
+ * every (row, token) sees the operations of the definition in its order, and a row's walk costs one decode
+ * and a loop of a known count per token instead of a data-dependent exit per token. */
 CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, size_t nr, size_t n,
                                      const float *const *x, float *dot, size_t ld)
 {
-    const size_t cols = t->cols, count = t->n_outliers;
-    const uint16_t *gap = t->ogap, *val = t->oval;
+    const size_t cols = t->cols;
     const uint64_t end = (uint64_t)(r + nr) * cols;
+    uint32_t col[CB_OUTL_CHUNK];
+    float v[CB_OUTL_CHUNK];
     uint64_t first = (uint64_t)r * cols;
-    for (size_t i = 0; o.k < count && o.idx < end; i++, first += cols) {
-        if (o.idx >= first + cols) /* no correction in row i */
+    for (size_t i = 0; cb_outl_before(t, o, end);) {
+        if (o.idx >= first + cols) { /* no (more) corrections in row i */
+            i++;
+            first += cols;
             continue;
-        const uint64_t row_end = first + cols;
-        cb_outl next = o;
-        for (size_t j = 0; j < n; j++) {
-            const float *xj = x[j];
-            float acc = dot[j * ld + i];
-            size_t k = o.k;
-            uint64_t idx = o.idx;
-            for (;;) {
-                acc = acc + cb_f16_to_f32(val[k]) * xj[idx - first];
-                if (++k >= count)
-                    break;
-                idx += gap[k];
-                if (idx >= row_end)
-                    break;
-            }
-            dot[j * ld + i] = acc;
-            next.k = k;
-            next.idx = idx;
         }
-        o = next;
+        size_t m = 0;
+        for (; m < CB_OUTL_CHUNK && cb_outl_before(t, o, first + cols); m++, o = cb_outl_step(t, o)) {
+            col[m] = (uint32_t)(o.idx - first);
+            v[m] = cb_f16_to_f32(t->oval[o.k]);
+        }
+        float *d = dot + i;
+        size_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const float *x0 = x[j], *x1 = x[j + 1], *x2 = x[j + 2], *x3 = x[j + 3];
+            float a0 = d[j * ld], a1 = d[(j + 1) * ld], a2 = d[(j + 2) * ld], a3 = d[(j + 3) * ld];
+            for (size_t q = 0; q < m; q++) {
+                a0 = a0 + v[q] * x0[col[q]];
+                a1 = a1 + v[q] * x1[col[q]];
+                a2 = a2 + v[q] * x2[col[q]];
+                a3 = a3 + v[q] * x3[col[q]];
+            }
+            d[j * ld] = a0;
+            d[(j + 1) * ld] = a1;
+            d[(j + 2) * ld] = a2;
+            d[(j + 3) * ld] = a3;
+        }
+        for (; j < n; j++) {
+            const float *xj = x[j];
+            float a = d[j * ld];
+            for (size_t q = 0; q < m; q++)
+                a = a + v[q] * xj[col[q]];
+            d[j * ld] = a;
+        }
     }
     return o;
 }

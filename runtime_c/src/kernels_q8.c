@@ -54,9 +54,13 @@ CB_MATMUL_Q4(cb_matmul_q4_def, cb_dot32_q4_scalar)
 CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
 
 #if defined(CB_HAS_Q4_ROWS)
+#define CB_Q4_TOKENS 32 /* tokens whose dots one pass over CB_Q4_ROWS rows keeps (a prefill block's) */
+
 /* CB_Q4_ROWS rows at a time (cb_q4_rows_isa: the same acc per row and token as cb_matmul_q4_def; four
- * tokens per pass over the rows where there are four), then each row's cb_finish in row order, so the
- * correction walk is the one-row kernel's; the rows past the last CB_Q4_ROWS go through that kernel. */
+ * tokens per pass over the rows where there are four), then the rows' corrections for all those tokens
+ * (cb_outl_apply: each correction decoded once) and each (row, token)'s alpha and store: per (row, token)
+ * the operations of cb_finish in its order. The rows past the last CB_Q4_ROWS go through the one-row
+ * kernel. */
 static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
 {
@@ -64,18 +68,22 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
     size_t r = r0;
     for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS) {
         cb_outl next = o;
-        float acc[4][CB_Q4_ROWS];
-        for (size_t j = 0; j < n;) {
-            size_t m = 1;
-            if (j + 4 <= n) {
-                cb_q4_rows_x4_isa(t, r, &xq[j], acc);
-                m = 4;
-            } else
-                cb_q4_rows_isa(t, r, &xq[j], acc[0]);
-            for (size_t k = 0; k < m; k++, j++) {
-                next = o;
-                for (size_t i = 0; i < CB_Q4_ROWS; i++)
-                    next = cb_finish(t, next, r + i, x[j], acc[k][i], alpha[j], y[j], accumulate);
+        for (size_t j0 = 0; j0 < n; j0 += CB_Q4_TOKENS) {
+            const size_t m = n - j0 < CB_Q4_TOKENS ? n - j0 : CB_Q4_TOKENS;
+            float dot[CB_Q4_TOKENS][CB_Q4_ROWS];
+            size_t j = 0;
+            for (; j + 4 <= m; j += 4)
+                cb_q4_rows_x4_isa(t, r, &xq[j0 + j], &dot[j]);
+            for (; j < m; j++)
+                cb_q4_rows_isa(t, r, &xq[j0 + j], dot[j]);
+            next = cb_outl_apply(t, o, r, CB_Q4_ROWS, m, x + j0, &dot[0][0], CB_Q4_ROWS);
+            for (j = 0; j < m; j++) {
+                float *restrict yj = y[j0 + j] + r;
+                const float a = alpha[j0 + j];
+                for (size_t i = 0; i < CB_Q4_ROWS; i++) {
+                    float v = a * dot[j][i];
+                    yj[i] = accumulate ? yj[i] + v : v;
+                }
             }
         }
         o = next;

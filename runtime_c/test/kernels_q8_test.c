@@ -287,13 +287,13 @@ static double definition(const pair *p, size_t r, const acts *a, size_t j, doubl
  * order must come out of cb_outl_seek + cb_outl_apply (and cb_finish, for one row and token) with the
  * same bits, and the walk must end at the first correction past the rows. */
 #define WALK_ROWS 40u
-#define WALK_COLS 12u
+#define WALK_COLS 40u /* a dense row holds more than CB_OUTL_CHUNK */
 #define WALK_MAX (WALK_ROWS * WALK_COLS)
 static int check_outl_walk(rng *r, size_t *cases)
 {
     static uint16_t gap[WALK_MAX], val[WALK_MAX];
     static uint32_t flat[WALK_MAX];
-    static float xs[3][WALK_COLS], got[3][CB_TILE_ROWS], want[3][CB_TILE_ROWS];
+    static float xs[7][WALK_COLS], got[7][CB_TILE_ROWS], want[7][CB_TILE_ROWS];
     for (int round = 0; round < 24; round++) {
         size_t n_out = 0;
         uint32_t last = 0;
@@ -313,12 +313,12 @@ static int check_outl_walk(rng *r, size_t *cases)
         t.n_outliers = (uint32_t)n_out;
         t.ogap = gap;
         t.oval = val;
-        for (size_t j = 0; j < 3; j++)
+        for (size_t j = 0; j < 7; j++)
             for (size_t c = 0; c < WALK_COLS; c++)
                 xs[j][c] = uniform(r);
-        const float *x[3] = {xs[0], xs[1], xs[2]};
+        const float *x[7] = {xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6]};
         for (size_t start = 0; start < WALK_ROWS; start += 1 + next(r) % 5) {
-            size_t nr = 1 + next(r) % CB_TILE_ROWS, n = 1 + next(r) % 3;
+            size_t nr = 1 + next(r) % CB_TILE_ROWS, n = 1 + next(r) % 7; /* 1-7 tokens: four at a time and the rest */
             if (start + nr > WALK_ROWS)
                 nr = WALK_ROWS - start;
             for (size_t j = 0; j < n; j++)
