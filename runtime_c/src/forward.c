@@ -110,18 +110,24 @@ static void cb_mm_rows(const cb_mm_job *j, const cb_mm_part *p, size_t r0, size_
 /* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
  * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
  * result does not depend on the split. */
-static void cb_mm_task(void *job, size_t i)
+/* The units [u0, u1) of the n_parts parts' rows laid end to end (j: the tokens and the scalar flag). */
+static void cb_mm_span(const cb_mm_job *j, const cb_mm_part *parts, size_t n_parts, size_t u0, size_t u1)
 {
-    const cb_mm_job *j = (const cb_mm_job *)job;
-    size_t u0 = (size_t)((uint64_t)j->units * i / j->n_tasks), u1 = (size_t)((uint64_t)j->units * (i + 1) / j->n_tasks);
-    for (size_t k = 0, first = 0; k < j->parts && first < u1; k++) {
-        const cb_mm_part *p = &j->p[k];
+    for (size_t k = 0, first = 0; k < n_parts && first < u1; k++) {
+        const cb_mm_part *p = &parts[k];
         size_t unit = cb_mm_unit(&p->t), n_units = (p->t.rows + unit - 1) / unit;
         size_t a = u0 > first ? u0 - first : 0, b = u1 - first < n_units ? u1 - first : n_units;
         if (a < b)
             cb_mm_rows(j, p, a * unit, b * unit < p->t.rows ? b * unit : p->t.rows);
         first += n_units;
     }
+}
+
+static void cb_mm_task(void *job, size_t i)
+{
+    const cb_mm_job *j = (const cb_mm_job *)job;
+    size_t u0 = (size_t)((uint64_t)j->units * i / j->n_tasks), u1 = (size_t)((uint64_t)j->units * (i + 1) / j->n_tasks);
+    cb_mm_span(j, j->p, j->parts, u0, u1);
 }
 
 #define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
@@ -575,6 +581,106 @@ static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bi
     }
 }
 
+#ifndef COLIBRI_NO_PARALLEL
+/* One token's k routed experts without biases, their rows at the top of the gate and up buffers (k <= the
+ * block's rows): every gate and up matrix as one parallel region (their rows laid end to end, as cb_mm_task
+ * splits a group), then every down matrix as one, each task a range of the output's rows through the experts
+ * in increasing index order. Each row is the same operations in the same order as cb_mlp_x expert by expert:
+ * the same bits, with two regions a layer instead of two an expert. */
+typedef struct cb_moe1_job {
+    cb_mm_job j;                    /* n (1) and scalar; its parts unused */
+    cb_mm_part p[2 * CB_MAX_TOP_K]; /* gate and up of each expert; then the downs */
+    size_t parts, units, n_tasks;
+} cb_moe1_job;
+
+static void cb_moe1_task(void *job, size_t i)
+{
+    const cb_moe1_job *m = (const cb_moe1_job *)job;
+    size_t u0 = (size_t)((uint64_t)m->units * i / m->n_tasks), u1 = (size_t)((uint64_t)m->units * (i + 1) / m->n_tasks);
+    cb_mm_span(&m->j, m->p, m->parts, u0, u1);
+}
+
+static void cb_moe1_down_task(void *job, size_t i)
+{
+    const cb_moe1_job *m = (const cb_moe1_job *)job;
+    size_t u0 = (size_t)((uint64_t)m->units * i / m->n_tasks), u1 = (size_t)((uint64_t)m->units * (i + 1) / m->n_tasks);
+    size_t rows = m->p[0].t.rows, r0 = u0 * CB_TILE16_ROWS, r1 = u1 * CB_TILE16_ROWS < rows ? u1 * CB_TILE16_ROWS : rows;
+    for (size_t k = 0; k < m->parts && r0 < r1; k++)
+        cb_mm_rows(&m->j, &m->p[k], r0, r1);
+}
+
+static void cb_moe1_run(const colibri_ctx *c, cb_moe1_job *m, colibri_task_fn fn, uint64_t macs)
+{
+    m->n_tasks = c->parallel_tasks < m->units ? c->parallel_tasks : m->units;
+    if (c->parallel_for && m->n_tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
+        c->parallel_for(fn, m, m->n_tasks, c->parallel_user);
+        return;
+    }
+    m->n_tasks = 1;
+    fn(m, 0);
+}
+
+/* probs: the token's routing row (cb_route); xb its normed input, out its moe row. */
+static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, const float *xb, float *out,
+                    const cb_expert_extra *x)
+{
+    const size_t n_exp = CB_N_EXPERTS(c), ffn = CB_FFN(c), dim = CB_HIDDEN(c);
+    const float *const *xin = &xb;
+    float *g[CB_MAX_TOP_K], *u[CB_MAX_TOP_K], alpha[CB_MAX_TOP_K];
+    size_t at[CB_MAX_TOP_K], k = 0;
+    cb_xq xq[CB_MAX_TOP_K];
+    cb_moe1_job m;
+    memset(&m.j, 0, sizeof m.j);
+    m.j.n = 1;
+    m.j.scalar = CB_INT8_ACTS(c);
+    const cb_xq *xbq = cb_quantize(c, xin, 1, dim, xq);
+    uint64_t macs = 0;
+    m.units = 0;
+    for (size_t e = 0; e < n_exp; e++) {
+        if (probs[e] == CB_NOT_CHOSEN)
+            continue;
+        at[k] = first + CB_MLP_TENSORS * e;
+        alpha[k] = probs[e];
+        g[k] = c->buf[CB_BUF_GATE] + k * ffn;
+        u[k] = c->buf[CB_BUF_UP] + k * ffn;
+        for (size_t h = 0; h < 2; h++) {
+            cb_mm_part *p = &m.p[2 * k + h];
+            p->t = cb_tensor_at(c, at[k] + (h ? CB_MLP_UP : CB_MLP_GATE));
+            p->x = xin;
+            p->xq = p->t.q8 ? xbq : NULL;
+            p->y = h ? &u[k] : &g[k];
+            p->alpha = cb_ones;
+            p->accumulate = 0;
+            m.units += (p->t.rows + cb_mm_unit(&p->t) - 1) / cb_mm_unit(&p->t);
+            macs += (uint64_t)p->t.rows * p->t.cols;
+        }
+        k++;
+    }
+    m.parts = 2 * k;
+    cb_moe1_run(c, &m, cb_moe1_task, macs);
+    for (size_t e = 0; e < k; e++)
+        if (x->clamp)
+            cb_clamped_swiglu(g[e], u[e], ffn, x->alpha, x->limit);
+        else
+            cb_silu_mul(g[e], u[e], ffn);
+    const cb_xq *hq = cb_quantize(c, (const float *const *)g, k, ffn, xq);
+    macs = 0;
+    for (size_t e = 0; e < k; e++) {
+        cb_mm_part *p = &m.p[e];
+        p->t = cb_tensor_at(c, at[e] + CB_MLP_DOWN);
+        p->x = (const float *const *)&g[e];
+        p->xq = p->t.q8 && hq ? &hq[e] : NULL;
+        p->y = &out;
+        p->alpha = &alpha[e];
+        p->accumulate = 1;
+        macs += (uint64_t)p->t.rows * p->t.cols;
+    }
+    m.parts = k;
+    m.units = (dim + CB_TILE16_ROWS - 1) / CB_TILE16_ROWS;
+    cb_moe1_run(c, &m, cb_moe1_down_task, macs);
+}
+#endif
+
 /* Steps 7 and 8 of an MoE layer for the n tokens of a block: route each xb row to top_k experts and
  * accumulate their weighted sum (and the shared expert's output) into its moe row. The tokens are
  * grouped by expert, so each expert's weights are read once per block; each token still sees its
@@ -614,6 +720,14 @@ static void cb_moe(colibri_ctx *c, size_t base, const cb_slots *s, size_t n, flo
         else
             cb_route(c, p_rows[j], &gr);
 
+#ifndef COLIBRI_NO_PARALLEL
+    size_t k = 0;
+    for (size_t e = 0; n == 1 && e < n_exp; e++)
+        k += p_rows[0][e] != CB_NOT_CHOSEN;
+    if (n == 1 && s->expert_bias == CB_NO_SLOT && k <= c->m.block && k <= CB_MAX_TOP_K)
+        cb_moe1(c, base + s->experts, p_rows[0], xb_rows[0], moe_rows[0], &extra);
+    else
+#endif
     for (size_t e = 0; e < n_exp; e++) { /* 8: the routed experts */
         size_t m = 0;
         for (size_t j = 0; j < n; j++)
