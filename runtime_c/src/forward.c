@@ -107,9 +107,6 @@ static void cb_mm_rows(const cb_mm_job *j, const cb_mm_part *p, size_t r0, size_
 }
 
 #ifndef COLIBRI_NO_PARALLEL
-/* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
- * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
- * result does not depend on the split. */
 /* The units [u0, u1) of the n_parts parts' rows laid end to end (j: the tokens and the scalar flag). */
 static void cb_mm_span(const cb_mm_job *j, const cb_mm_part *parts, size_t n_parts, size_t u0, size_t u1)
 {
@@ -123,6 +120,9 @@ static void cb_mm_span(const cb_mm_job *j, const cb_mm_part *parts, size_t n_par
     }
 }
 
+/* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
+ * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
+ * result does not depend on the split. */
 static void cb_mm_task(void *job, size_t i)
 {
     const cb_mm_job *j = (const cb_mm_job *)job;
@@ -656,6 +656,8 @@ static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, cons
         }
         k++;
     }
+    if (!k) /* (routing chooses top_k >= 1: not reached) */
+        return;
     m.parts = 2 * k;
     cb_moe1_run(c, &m, cb_moe1_task, macs);
     for (size_t e = 0; e < k; e++)
