@@ -83,9 +83,11 @@ typedef struct cb_mm_part {
 #define CB_MM_GROUP 3 /* matmuls one parallel region may hold (q, k, v) */
 
 typedef struct cb_mm_job {
-    cb_mm_part p[CB_MM_GROUP];
+    cb_mm_part *p;
     size_t parts, n, n_tasks, units; /* units: the parts' rows in whole tiles (4 rows for float), summed */
-    int scalar; /* float matrices of a blob with integer matmuls: the scalar kernel (see cb_mm) */
+    int scalar;  /* float matrices of a blob with integer matmuls: the scalar kernel (see cb_mm) */
+    int through; /* the parts add into the same output rows: units are tiles of those rows, each through
+                    every part in order, so each row's sums come in the parts' order whatever the split */
 } cb_mm_job;
 
 static size_t cb_mm_unit(const cb_tensor *t)
@@ -107,11 +109,21 @@ static void cb_mm_rows(const cb_mm_job *j, const cb_mm_part *p, size_t r0, size_
 }
 
 #ifndef COLIBRI_NO_PARALLEL
-/* The units [u0, u1) of the n_parts parts' rows laid end to end (j: the tokens and the scalar flag). */
-static void cb_mm_span(const cb_mm_job *j, const cb_mm_part *parts, size_t n_parts, size_t u0, size_t u1)
+/* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
+ * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
+ * result does not depend on the split; `through`, those output rows through every part in order. */
+static void cb_mm_task(void *job, size_t i)
 {
-    for (size_t k = 0, first = 0; k < n_parts && first < u1; k++) {
-        const cb_mm_part *p = &parts[k];
+    const cb_mm_job *j = (const cb_mm_job *)job;
+    size_t u0 = (size_t)((uint64_t)j->units * i / j->n_tasks), u1 = (size_t)((uint64_t)j->units * (i + 1) / j->n_tasks);
+    if (j->through) {
+        size_t rows = j->p[0].t.rows, r1 = u1 * CB_TILE16_ROWS < rows ? u1 * CB_TILE16_ROWS : rows;
+        for (size_t k = 0; k < j->parts; k++)
+            cb_mm_rows(j, &j->p[k], u0 * CB_TILE16_ROWS, r1);
+        return;
+    }
+    for (size_t k = 0, first = 0; k < j->parts && first < u1; k++) {
+        const cb_mm_part *p = &j->p[k];
         size_t unit = cb_mm_unit(&p->t), n_units = (p->t.rows + unit - 1) / unit;
         size_t a = u0 > first ? u0 - first : 0, b = u1 - first < n_units ? u1 - first : n_units;
         if (a < b)
@@ -120,54 +132,43 @@ static void cb_mm_span(const cb_mm_job *j, const cb_mm_part *parts, size_t n_par
     }
 }
 
-/* Task i of a group's parallel region: the units [units * i / n, units * (i + 1) / n) of the parts' rows
- * laid end to end, so the split does not depend on where one matmul ends and the next begins, and the
- * result does not depend on the split. */
-static void cb_mm_task(void *job, size_t i)
-{
-    const cb_mm_job *j = (const cb_mm_job *)job;
-    size_t u0 = (size_t)((uint64_t)j->units * i / j->n_tasks), u1 = (size_t)((uint64_t)j->units * (i + 1) / j->n_tasks);
-    cb_mm_span(j, j->p, j->parts, u0, u1);
-}
-
 #define CB_PARALLEL_MIN_MACS 16384u /* smaller matmuls stay on the calling thread */
 #endif
 
-/* The group's matmuls, one parallel region for all of them when the context has a parallel_for (the
- * parts write distinct outputs). */
-static void cb_mm_group(const colibri_ctx *c, cb_mm_job *job)
+/* The n tokens through the parts' matmuls, one parallel region for all of them when the context has a
+ * parallel_for: the parts write distinct outputs, or with `through` add into the same output rows (every
+ * part's rows the same) in the parts' order. Sets each part's xq to NULL where its matrix is not q8. */
+static void cb_mm_parts(const colibri_ctx *c, size_t n, cb_mm_part *parts, size_t n_parts, int through)
 {
+    cb_mm_job job = {parts, n_parts, n, 0, 0, CB_INT8_ACTS(c), through};
     uint64_t macs = 0;
-    job->units = 0;
-    for (size_t k = 0; k < job->parts; k++) {
-        const cb_tensor *t = &job->p[k].t;
+    for (size_t k = 0; k < job.parts; k++) {
+        const cb_tensor *t = &job.p[k].t;
         if (!t->q8)
-            job->p[k].xq = NULL;
-        job->units += (t->rows + cb_mm_unit(t) - 1) / cb_mm_unit(t);
-        macs += (uint64_t)t->rows * t->cols * job->n;
+            job.p[k].xq = NULL;
+        job.units += (t->rows + cb_mm_unit(t) - 1) / cb_mm_unit(t);
+        macs += (uint64_t)t->rows * t->cols * job.n;
     }
-    job->scalar = CB_INT8_ACTS(c);
+    if (through && n_parts)
+        job.units = (parts[0].t.rows + CB_TILE16_ROWS - 1) / CB_TILE16_ROWS;
 #ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
-    job->n_tasks = c->parallel_tasks < job->units ? c->parallel_tasks : job->units;
-    if (c->parallel_for && job->n_tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
-        c->parallel_for(cb_mm_task, job, job->n_tasks, c->parallel_user);
+    job.n_tasks = c->parallel_tasks < job.units ? c->parallel_tasks : job.units;
+    if (c->parallel_for && job.n_tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
+        c->parallel_for(cb_mm_task, &job, job.n_tasks, c->parallel_user);
         return;
     }
 #endif
-    for (size_t k = 0; k < job->parts; k++)
-        cb_mm_rows(job, &job->p[k], 0, job->p[k].t.rows);
+    for (size_t k = 0; k < job.parts; k++) /* part by part: through, each row's sums in the parts' order */
+        cb_mm_rows(&job, &job.p[k], 0, job.p[k].t.rows);
 }
 
 /* One to three matmuls of the same n tokens into distinct outputs, as one parallel region. */
 static void cb_mm3(const colibri_ctx *c, size_t n, const cb_mm_part *parts, size_t n_parts)
 {
-    cb_mm_job job;
-    memset(&job, 0, sizeof job);
+    cb_mm_part p[CB_MM_GROUP];
     for (size_t k = 0; k < n_parts; k++)
-        job.p[k] = parts[k];
-    job.parts = n_parts;
-    job.n = n;
-    cb_mm_group(c, &job);
+        p[k] = parts[k];
+    cb_mm_parts(c, n, p, n_parts, 0);
 }
 
 /* y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the n tokens, W the tensor at table index i;
@@ -583,44 +584,10 @@ static void cb_route_sigmoid(const colibri_ctx *c, float *probs, const float *bi
 
 #ifndef COLIBRI_NO_PARALLEL
 /* One token's k routed experts without biases, their rows at the top of the gate and up buffers (k <= the
- * block's rows): every gate and up matrix as one parallel region (their rows laid end to end, as cb_mm_task
- * splits a group), then every down matrix as one, each task a range of the output's rows through the experts
- * in increasing index order. Each row is the same operations in the same order as cb_mlp_x expert by expert:
- * the same bits, with two regions a layer instead of two an expert. */
-typedef struct cb_moe1_job {
-    cb_mm_job j;                    /* n (1) and scalar; its parts unused */
-    cb_mm_part p[2 * CB_MAX_TOP_K]; /* gate and up of each expert; then the downs */
-    size_t parts, units, n_tasks;
-} cb_moe1_job;
-
-static void cb_moe1_task(void *job, size_t i)
-{
-    const cb_moe1_job *m = (const cb_moe1_job *)job;
-    size_t u0 = (size_t)((uint64_t)m->units * i / m->n_tasks), u1 = (size_t)((uint64_t)m->units * (i + 1) / m->n_tasks);
-    cb_mm_span(&m->j, m->p, m->parts, u0, u1);
-}
-
-static void cb_moe1_down_task(void *job, size_t i)
-{
-    const cb_moe1_job *m = (const cb_moe1_job *)job;
-    size_t u0 = (size_t)((uint64_t)m->units * i / m->n_tasks), u1 = (size_t)((uint64_t)m->units * (i + 1) / m->n_tasks);
-    size_t rows = m->p[0].t.rows, r0 = u0 * CB_TILE16_ROWS, r1 = u1 * CB_TILE16_ROWS < rows ? u1 * CB_TILE16_ROWS : rows;
-    for (size_t k = 0; k < m->parts && r0 < r1; k++)
-        cb_mm_rows(&m->j, &m->p[k], r0, r1);
-}
-
-static void cb_moe1_run(const colibri_ctx *c, cb_moe1_job *m, colibri_task_fn fn, uint64_t macs)
-{
-    m->n_tasks = c->parallel_tasks < m->units ? c->parallel_tasks : m->units;
-    if (c->parallel_for && m->n_tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
-        c->parallel_for(fn, m, m->n_tasks, c->parallel_user);
-        return;
-    }
-    m->n_tasks = 1;
-    fn(m, 0);
-}
-
-/* probs: the token's routing row (cb_route); xb its normed input, out its moe row. */
+ * block's rows): every gate and up matrix as one parallel region, then every down matrix as one `through`
+ * region (cb_mm_parts), so each output row sums the experts in increasing index order as cb_mlp_x expert by
+ * expert does: the same bits, with two regions a layer instead of two an expert.
+ * probs: the token's routing row (cb_route); xb its normed input, out its moe row. */
 static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, const float *xb, float *out,
                     const cb_expert_extra *x)
 {
@@ -629,13 +596,8 @@ static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, cons
     float *g[CB_MAX_TOP_K], *u[CB_MAX_TOP_K], alpha[CB_MAX_TOP_K];
     size_t at[CB_MAX_TOP_K], k = 0;
     cb_xq xq[CB_MAX_TOP_K];
-    cb_moe1_job m;
-    memset(&m.j, 0, sizeof m.j);
-    m.j.n = 1;
-    m.j.scalar = CB_INT8_ACTS(c);
+    cb_mm_part p[2 * CB_MAX_TOP_K]; /* gate and up of each expert; then the downs */
     const cb_xq *xbq = cb_quantize(c, xin, 1, dim, xq);
-    uint64_t macs = 0;
-    m.units = 0;
     for (size_t e = 0; e < n_exp; e++) {
         if (probs[e] == CB_NOT_CHOSEN)
             continue;
@@ -643,43 +605,21 @@ static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, cons
         alpha[k] = probs[e];
         g[k] = c->buf[CB_BUF_GATE] + k * ffn;
         u[k] = c->buf[CB_BUF_UP] + k * ffn;
-        for (size_t h = 0; h < 2; h++) {
-            cb_mm_part *p = &m.p[2 * k + h];
-            p->t = cb_tensor_at(c, at[k] + (h ? CB_MLP_UP : CB_MLP_GATE));
-            p->x = xin;
-            p->xq = p->t.q8 ? xbq : NULL;
-            p->y = h ? &u[k] : &g[k];
-            p->alpha = cb_ones;
-            p->accumulate = 0;
-            m.units += (p->t.rows + cb_mm_unit(&p->t) - 1) / cb_mm_unit(&p->t);
-            macs += (uint64_t)p->t.rows * p->t.cols;
-        }
+        p[2 * k] = (cb_mm_part){cb_tensor_at(c, at[k] + CB_MLP_GATE), xin, xbq, &g[k], cb_ones, 0};
+        p[2 * k + 1] = (cb_mm_part){cb_tensor_at(c, at[k] + CB_MLP_UP), xin, xbq, &u[k], cb_ones, 0};
         k++;
     }
-    if (!k) /* (routing chooses top_k >= 1: not reached) */
-        return;
-    m.parts = 2 * k;
-    cb_moe1_run(c, &m, cb_moe1_task, macs);
+    cb_mm_parts(c, 1, p, 2 * k, 0);
     for (size_t e = 0; e < k; e++)
         if (x->clamp)
             cb_clamped_swiglu(g[e], u[e], ffn, x->alpha, x->limit);
         else
             cb_silu_mul(g[e], u[e], ffn);
     const cb_xq *hq = cb_quantize(c, (const float *const *)g, k, ffn, xq);
-    macs = 0;
-    for (size_t e = 0; e < k; e++) {
-        cb_mm_part *p = &m.p[e];
-        p->t = cb_tensor_at(c, at[e] + CB_MLP_DOWN);
-        p->x = (const float *const *)&g[e];
-        p->xq = p->t.q8 && hq ? &hq[e] : NULL;
-        p->y = &out;
-        p->alpha = &alpha[e];
-        p->accumulate = 1;
-        macs += (uint64_t)p->t.rows * p->t.cols;
-    }
-    m.parts = k;
-    m.units = (dim + CB_TILE16_ROWS - 1) / CB_TILE16_ROWS;
-    cb_moe1_run(c, &m, cb_moe1_down_task, macs);
+    for (size_t e = 0; e < k; e++)
+        p[e] = (cb_mm_part){cb_tensor_at(c, at[e] + CB_MLP_DOWN), (const float *const *)&g[e], hq ? &hq[e] : NULL,
+                            &out, &alpha[e], 1};
+    cb_mm_parts(c, 1, p, k, 1);
 }
 #endif
 
