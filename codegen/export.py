@@ -60,7 +60,7 @@ class ExportOptions:
     generate: int = 0  # tokens the built-in demo generates; 0: colibri.json's, else 16
     prefill_block: int = 0  # tokens a prefill runs through the layers at once; 0: plan.prefill_block()
     predict: bool = True
-    prune_experts: str | None = None  # calibration set (token ids, a sequence per line): drop unrouted experts
+    prune_experts: str | None = None  # calibration set (calibset.py: ids or text): drop unrouted experts
     calib: str | None = None  # calibration set (the same format): scale migration, weighted int4 searches
     workers: int = 0  # quantizing threads; 0: one per core, or none for firmware-scale models
     layout: str = DEFAULT_LAYOUT  # how int8 matrices are ordered for the target's kernels (codegen/layout.py)
@@ -295,11 +295,11 @@ def export(
     chat = _chat(ckpt_dir)
     source, pruning = ckpt, None
     if opts.prune_experts:
-        source, pruning = _prune(ckpt, opts.prune_experts, max_seq, report)
+        source, pruning = _prune(ckpt, ckpt_dir, opts.prune_experts, max_seq, report)
         spec = source.plan.spec
     calibration = smoothing = None
     if opts.calib:
-        source, calibration, smoothing = _calibrate(source, spec, opts, max_seq, report)
+        source, calibration, smoothing = _calibrate(source, ckpt_dir, spec, opts, max_seq, report)
     name = c_identifier(ckpt_dir.absolute().name)
     q8 = opts.int8_activations and any(uses_q8(spec, qn, opts.group_size)
                                        for qn in matrix_quants(opts.quant, opts.attn_quant))
@@ -398,13 +398,13 @@ def export(
     return ExportResult(name, Path(out_dir), manifest)
 
 
-def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
-    from .prune import PrunedWeights, accuracy_change, plan_pruning, read_calibration
+def _prune(ckpt, ckpt_dir: Path, calib: str, max_seq: int, report: Callable[[str], None]):
+    from .prune import PrunedWeights, accuracy_change, plan_pruning
 
     spec = ckpt.spec
     if not spec.moe_layers:
         raise ExportError(ckpt.path, "--prune-experts: the model has no MoE layers")
-    seqs = read_calibration(calib, spec.vocab)
+    seqs = _calibration_set(calib, ckpt_dir, spec.vocab, report)
     report(f"pruning: routing {sum(min(len(s), max_seq) for s in seqs)} calibration tokens through the reference")
     pplan, before = plan_pruning(spec, ckpt, seqs, max_seq)
     source = PrunedWeights(ckpt, pplan)
@@ -414,11 +414,19 @@ def _prune(ckpt, calib: str, max_seq: int, report: Callable[[str], None]):
     return source, info
 
 
-def _calibrate(source, spec: ModelSpec, opts: ExportOptions, max_seq: int, report: Callable[[str], None]):
-    """--calib: the file's sequences, then calibrated()."""
-    from .prune import read_calibration
+def _calibration_set(path: str, ckpt_dir: Path, vocab: int, report: Callable[[str], None]) -> list[list[int]]:
+    """A calibration file's sequences of ids (codegen/calibset.py: ids, or text for the checkpoint's tokenizer)."""
+    from .calibset import read_calibration
 
-    seqs = read_calibration(opts.calib, spec.vocab)
+    cs = read_calibration(path, vocab, lambda: tokenizer_section(ckpt_dir, vocab))
+    report(f"calibration set {cs.describe(path)}")
+    return cs.seqs
+
+
+def _calibrate(source, ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions, max_seq: int,
+               report: Callable[[str], None]):
+    """--calib: the file's sequences, then calibrated()."""
+    seqs = _calibration_set(opts.calib, ckpt_dir, spec.vocab, report)
     report(f"calibration: running {sum(min(len(s), max_seq) for s in seqs)} tokens of {opts.calib} through the "
            "reference for each matrix's input statistics")
     return calibrated(source, spec, opts, seqs, max_seq, report)

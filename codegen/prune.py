@@ -17,35 +17,11 @@ slightly. Either way the export reports the measured change of the logits on the
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 
-from .errors import ExportError
 from .reference import Reference
-from .safeio import read_text
 from .spec import ModelSpec, canonical_names
-
-
-def read_calibration(path: str | Path, vocab: int) -> list[list[int]]:
-    """One sequence of comma- or space-separated token ids per line; blank lines and # comments skipped."""
-    p = Path(path)
-    lines = read_text(p, "calibration set", "calibration").splitlines()
-    seqs = []
-    for n, line in enumerate(lines, 1):
-        line = line.split("#", 1)[0].replace(",", " ").strip()
-        if not line:
-            continue
-        try:
-            seq = [int(t) for t in line.split()]
-        except ValueError:
-            raise ExportError(p, f"line {n}: not a list of token ids") from None
-        if any(not 0 <= t < vocab for t in seq):
-            raise ExportError(p, f"line {n}: token id outside [0, {vocab})")
-        seqs.append(seq)
-    if not seqs:
-        raise ExportError(p, "the calibration set has no sequences")
-    return seqs
 
 
 @dataclasses.dataclass

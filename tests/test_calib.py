@@ -24,6 +24,7 @@ from colibri.runtime import load
 
 from conftest import synth
 from logit_stats import log_softmax, stepwise
+from tokvocab import train_bytelevel
 
 SHAPE = dict(layers=2, hidden=128, ffn=256, heads=4, kv_heads=2, experts=4, top_k=2, vocab=256, seed=11)
 N_SEQS, SEQ_LEN = 32, 16
@@ -139,6 +140,9 @@ def test_calib_kl(case, tmp_path, build_model):
     ("1 2 x\n", "line 1: not a list of token ids"),
     ("5 999\n", "line 1: token id outside [0, 256)"),
     ("# nothing\n\n", "the calibration set has no sequences"),
+    ("1 2\n3 x\n4 5\n", "line 2: not a list of token ids"),  # mostly ids: read as ids, whatever the tokenizer
+    ("Hello there\n", "line 1: not a list of token ids, and the checkpoint has no tokenizer.json to read the "
+                      "file as text"),
 ])
 def test_bad_calibration_file(content, why, tmp_path):
     ckpt = synth(tmp_path / "m", **SHAPE)
@@ -150,6 +154,59 @@ def test_bad_calibration_file(content, why, tmp_path):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and why in lines[0], r.stderr
+    assert not out.exists()
+
+
+# Text calibration lines: punctuation, digits, runs of spaces, a special token's text, non-ASCII.
+TEXTS = ["Hello world, hello there.", "  123+456=579; spaces and   lines", "lines<|endoftext|>Hello there",
+         "Zürich naïve café — ünïcödé", "hello " * 12, "579=123+456"]
+
+
+@pytest.mark.parametrize("flag", ["--calib", "--prune-experts"])
+def test_text_calibration(flag, tmp_path):
+    """A text calibration file is encoded by the checkpoint's tokenizer.json: the export equals, byte for byte,
+    the one calibrated on the ids HF tokenizers makes of the same lines (an independent encoder), and
+    differs from the uncalibrated one."""
+    from tokenizers import Tokenizer
+
+    ckpt = train_bytelevel(_act_outliers(synth(tmp_path / "m", **{**SHAPE, "vocab": 320, "experts": 16})))
+    lines = TEXTS * 4 if flag == "--calib" else TEXTS[:1]  # pruning: few enough tokens to leave experts unrouted
+    text = tmp_path / "calib text.txt"
+    text.write_text("\n".join(lines) + "\n\n")
+    hf = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    ids = tmp_path / "calib ids.txt"
+    ids.write_text("\n".join(" ".join(map(str, hf.encode(line).ids)) for line in lines) + "\n")
+    assert hf.token_to_id("<|endoftext|>") in hf.encode(TEXTS[2]).ids
+
+    def export(*args: str) -> tuple[bytes, str]:
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        r = subprocess.run([sys.executable, "-m", "colibri.toolchain.cli", "export", str(ckpt), "-o", str(out),
+                            "--quant", "int8c", *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return (out / "model.bin").read_bytes(), r.stdout
+
+    by_text, said = export(flag, str(text))
+    assert f"calibration set {text}: {len(lines)} lines of text encoded by its tokenizer.json" in said
+    by_ids, said = export(flag, str(ids))
+    assert f"calibration set {ids}: {len(lines)} sequences of token ids" in said
+    assert by_text == by_ids
+    assert by_text != export()[0]
+
+
+def test_text_calibration_needs_a_compiler(tmp_path):
+    """Text needs the C tokenizer compiled for this machine: without a compiler, one line and exit 2."""
+    import os
+
+    ckpt = train_bytelevel(synth(tmp_path / "m", **{**SHAPE, "vocab": 320}))
+    text = tmp_path / "calib.txt"
+    text.write_text("Hello there\n")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "colibri.toolchain.cli", "export", str(ckpt), "-o", str(out),
+                        "--calib", str(text)], capture_output=True, text=True,
+                       env={**os.environ, "CC": str(tmp_path / "no such cc")})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(text) in lines[0] and "needs a C compiler" in lines[0], r.stderr
     assert not out.exists()
 
 
@@ -171,6 +228,6 @@ def test_calib_in_a_build(tmp_path):
     missing = base / "no such.txt"
     r = scons(f"MODEL={ckpt}", "TARGET=host", f"CALIB={missing}", build=base / "b2", check=False)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"colibri: CALIB={missing}: no such file (a calibration set: token ids, "
-                                             "a sequence per line)"]
+    assert r.stderr.strip().splitlines() == [f"colibri: CALIB={missing}: no such file (a calibration set: token ids "
+                                             "or text, a sequence per line)"]
     assert not (base / "b2" / "gen").exists()

@@ -9,7 +9,6 @@ import fcntl
 import json
 import random
 import shutil
-import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,13 +71,10 @@ def train_bytelevel(path: Path, vocab: int = 320, specials: tuple[str, ...] = ("
 
 def build_lib(dest: Path, *cflags: str) -> ctypes.CDLL:
     """runtime_c/src/text/ (TEXT_SRC) as a shared library, with the build's warning flags."""
-    from colibri.toolchain.csources import TEXT_SRC
+    from colibri.runtime.text import compile_library
+    from colibri.toolchain.csources import WARN_CFLAGS
 
-    so = dest / "libcolibri_text.so"
-    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O2", "-fPIC", "-shared",
-                    f"-I{ROOT / 'runtime_c' / 'include'}", *cflags,
-                    *(str(ROOT / "runtime_c" / "src" / s) for s in TEXT_SRC), "-o", str(so)], check=True)
-    return ctypes.CDLL(str(so))
+    return ctypes.CDLL(str(compile_library(dest, *WARN_CFLAGS, *cflags)))
 
 
 # Hand-picked strings: scripts, emoji with ZWJ, combining marks, whitespace, digits, code, contractions.

@@ -235,9 +235,9 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
     e.add_argument("--no-predict", action="store_true", help="skip the logit-error probe")
     e.add_argument("--no-tokenizer", action="store_true", help="do not compile tokenizer.json in (token ids only)")
     e.add_argument("--prune-experts", metavar="CALIB", default=None,
-                   help="drop experts the calibration set (token ids, a sequence per line) never routes to")
+                   help="drop experts the calibration set (token ids or text, a sequence per line) never routes to")
     e.add_argument("--calib", metavar="FILE", default=None,
-                   help="calibration set (token ids, a sequence per line): int8c/int4c corrections and int4 "
+                   help="calibration set (token ids or text, a sequence per line): int8c/int4c corrections and int4 "
                         "scales weigh each matrix input by its mean square on it (AWQ-style salience)")
 
 

@@ -114,11 +114,13 @@ def _prompts(arg: str) -> str | None:
 
 def _calib(arg: str) -> str | None:
     """CALIB=file: its absolute path (the export reads and checks its contents), None without the option."""
+    from colibri.codegen.calibset import WHAT
+
     if not arg:
         return None
     path = Path(arg).absolute()
     if not path.is_file():
-        _fail(f"CALIB={shown(path)}: no such file (a calibration set: token ids, a sequence per line)")
+        _fail(f"CALIB={shown(path)}: no such file ({WHAT})")
     return str(path)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import shlex
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -159,3 +161,20 @@ def for_model(model: str | os.PathLike, lib: ctypes.CDLL | None = None) -> Token
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     view = np.frombuffer(mm, dtype=np.uint8)
     return Tokenizer(lib, view.ctypes.data, view.size, (mm, view), in_blob=True)
+
+
+TEXT_LIBRARY = "libcolibri_text.so"
+
+
+def compile_library(dest: Path, *cflags: str) -> Path:
+    """The text runtime alone (csources.TEXT_SRC), compiled for this machine by $CC (default cc) into
+    dest/libcolibri_text.so: the C tokenizer without a model, for Tokenizer.from_bytes on a tokenizer section
+    the exporter packs. Raises OSError when there is no compiler, CalledProcessError when it fails."""
+    from colibri.toolchain.csources import RUNTIME_DIR, TEXT_SRC, runtime_sources
+
+    so = Path(dest) / TEXT_LIBRARY
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    subprocess.run([*cc, "-std=c11", "-O2", "-fPIC", "-shared", f"-I{RUNTIME_DIR / 'include'}", *cflags,
+                    *map(str, runtime_sources(TEXT_SRC)), "-o", str(so)],
+                   check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return so
