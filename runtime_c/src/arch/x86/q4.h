@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by4(const uint8_t *
 /* out[j][i] = the dot of row r + i with token j (xq[j]), i < 8, j < n <= 4: the scalar kernel's acc before
  * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
 static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                             size_t n, float (*out)[CB_Q4_ROWS])
+                                                             size_t n, float (*out)[CB_Q4_ROWS], cb_outl_pend *p)
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -161,10 +161,14 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
             for (size_t l = 0; l < 512; l += 64)
                 _mm_prefetch(ahead + l, _MM_HINT_T0);
             cb_q4_rows_by4(w, stride, (const uint16_t *)(const void *)sc, blocks, b, xq, n, acc);
+            if (p)
+                cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         }
     for (w += b * (CB_ACT_BLOCK / 2); b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 128) {
         _mm_prefetch(ahead, _MM_HINT_T0);
         _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        if (p)
+            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m512i lo03, hi03, lo47, hi47;
         cb_q4_unpack4(w, stride, &lo03, &hi03);
         cb_q4_unpack4(w + 4 * stride, stride, &lo47, &hi47);
@@ -277,7 +281,7 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *
 /* out[j][i] = the dot of row r + i with token j (xq[j]), i < 4, j < n <= 4: the scalar kernel's acc before
  * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
 static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                             size_t n, float (*out)[CB_Q4_ROWS])
+                                                             size_t n, float (*out)[CB_Q4_ROWS], cb_outl_pend *p)
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -293,9 +297,13 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
             _mm_prefetch(ahead, _MM_HINT_T0);
             _mm_prefetch(ahead + 64, _MM_HINT_T0);
             cb_q4_rows_by2(w, stride, (const uint16_t *)(const void *)sc, blocks, b, xq, n, acc);
+            if (p)
+                cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         }
     for (w += b * (CB_ACT_BLOCK / 2); b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
         _mm_prefetch(ahead, _MM_HINT_T0);
+        if (p)
+            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m256i lo01, hi01, lo23, hi23;
         cb_q4_unpack2(w, w + stride, &lo01, &hi01);
         cb_q4_unpack2(w + 2 * stride, w + 3 * stride, &lo23, &hi23);
@@ -330,15 +338,17 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
 #endif
 
 #if defined(CB_HAS_Q4_ROWS)
-/* one token (decode) and four tokens per pass (prefill) */
-static inline void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float out[CB_Q4_ROWS])
+/* one token (decode; p: the previous rows' corrections, a few added each step) and four tokens per pass
+ * (prefill) */
+static inline __attribute__((always_inline)) void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq,
+                                                                 float out[CB_Q4_ROWS], cb_outl_pend *p)
 {
-    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out);
+    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out, p);
 }
 
 static inline void cb_q4_rows_x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[CB_Q4_ROWS])
 {
-    cb_q4_rows(t, r, xq, 4, out);
+    cb_q4_rows(t, r, xq, 4, out, NULL);
 }
 #endif
 
