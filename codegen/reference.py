@@ -339,10 +339,15 @@ class Reference:
         return y + w[prefix + "down_bias"] if s.expert_bias else y
 
     def _moe(self, layer: int, x: np.ndarray) -> np.ndarray:
-        s, w, p = self.spec, self.w, f"layers.{layer}.moe."
-        if s.is_dense(layer):
+        if self.spec.is_dense(layer):
             self.routing.append(np.zeros(0, dtype=np.int64))
             return self._mlp(f"layers.{layer}.mlp.", x)
+        experts, weights = self.moe_route(layer, x)
+        return self.moe_combine(layer, x, [self.moe_expert(layer, e, x) for e in experts], weights)
+
+    def moe_route(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An MoE layer's chosen experts for the normed hidden state x, in order, and their weights."""
+        s, w, p = self.spec, self.w, f"layers.{layer}.moe."
         logits = w[p + "router"] @ x
         if s.expert_bias:  # gpt-oss: top-k of the biased logits, softmax over the chosen (= renormalised)
             logits = logits + w[p + "router_bias"]
@@ -353,9 +358,17 @@ class Reference:
             bias = w[p + "choice_bias"] if s.router_scoring == "sigmoid" else None
             experts, weights = route_grouped(logits, s, bias)
         self.routing.append(experts)
+        return experts, weights
+
+    def moe_expert(self, layer: int, e: int, x: np.ndarray) -> np.ndarray:
+        return self._expert(f"layers.{layer}.moe.experts.{e}.", x)
+
+    def moe_combine(self, layer: int, x: np.ndarray, outs: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
+        """The MoE layer's output from its chosen experts' outputs (moe_route's order) and the shared expert."""
+        s, w, p = self.spec, self.w, f"layers.{layer}.moe."
         acc = np.zeros_like(x)
-        for e, g in zip(experts, weights, strict=True):
-            acc += self._expert(f"{p}experts.{e}.", x) * g
+        for out, g in zip(outs, weights, strict=True):
+            acc += out * g
         if s.shared_ffn:
             shared = self._mlp(p + "shared.", x)
             if s.shared_gate:
@@ -364,19 +377,31 @@ class Reference:
             acc = acc + shared
         return acc
 
+    def embed(self, token: int) -> np.ndarray:
+        """The hidden state a token enters the first layer with."""
+        if not 0 <= token < self.spec.vocab:
+            raise ValueError(f"token id {token} out of range 0..{self.spec.vocab - 1}")
+        return self.w["embed"][token].copy()
+
+    def layer(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """One layer on the hidden state x of the token at position self.pos (its K/V cached there)."""
+        s, p = self.spec, f"layers.{layer}."
+        x = x + self._attention(layer, rms_norm(x, self.w[p + "attn_norm"], s.rms_eps))
+        return x + self._moe(layer, rms_norm(x, self.w[p + "ffn_norm"], s.rms_eps))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The output head on a last layer's hidden state."""
+        return self._mm("embed" if self.spec.tied else "lm_head", rms_norm(x, self.w["final_norm"], self.spec.rms_eps))
+
     def _step(self, token: int) -> np.ndarray:
         s = self.spec
-        if not 0 <= token < s.vocab:
-            raise ValueError(f"token id {token} out of range 0..{s.vocab - 1}")
+        x = self.embed(token)
         if self.pos >= min(self.max_seq, s.max_position):
             raise ValueError(f"sequence longer than max_seq {self.max_seq} or the model's "
                              f"max_position {s.max_position}")
         self.routing = []
-        x = self.w["embed"][token].copy()
         for layer in range(s.n_layers):
-            p = f"layers.{layer}."
-            x = x + self._attention(layer, rms_norm(x, self.w[p + "attn_norm"], s.rms_eps))
-            x = x + self._moe(layer, rms_norm(x, self.w[p + "ffn_norm"], s.rms_eps))
+            x = self.layer(layer, x)
         self.pos += 1
         return x
 
@@ -386,7 +411,7 @@ class Reference:
             raise ValueError("forward needs at least one token")
         for t in tokens:
             x = self._step(int(t))
-        return self._mm("embed" if self.spec.tied else "lm_head", rms_norm(x, self.w["final_norm"], self.spec.rms_eps))
+        return self.logits(x)
 
     def generate(self, tokens: Sequence[int], n: int) -> list[int]:
         """Greedy decoding (ties -> lowest id) continuing the current sequence; only the n new ids.

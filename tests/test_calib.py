@@ -77,6 +77,43 @@ def test_migration_leaves_the_float_model_as_it_was(tmp_path):
     assert np.max(np.abs(got - base)) <= 1e-4 * np.max(np.abs(base))
 
 
+@pytest.mark.parametrize("arch,extra", [
+    ("mixtral", {}),
+    ("qwen2_moe", {}),  # a gated shared expert, q/k/v biases
+    ("gpt-oss", {"sliding_window": 3}),  # sinks, sliding layers, expert biases
+    ("deepseek-v2", {"kv_lora_rank": 16, "q_lora_rank": 0}),  # latent attention (its own cache), a dense layer
+])
+def test_layer_by_layer_statistics(arch, extra, tmp_path, monkeypatch):
+    """calibrate() runs the layers one at a time over chunks of sequences; its statistics equal, bit for bit,
+    those of the reference run token by token (Reference.forward), whether a chunk holds one sequence or all."""
+    import colibri.codegen.calibrate as cal
+
+    # top_k 3: the order experts are combined in changes the sum (with two, a + b = b + a)
+    shape = dict(layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, experts=6, top_k=3, vocab=64, seed=5)
+    c = open_checkpoint(synth(tmp_path / "m", arch=arch, **shape, **extra))
+    weights = {n: c.get(n) for n in canonical_names(c.spec)}
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(0, c.spec.vocab, size=n).tolist() for n in (5, 1, 9, 12, 3)]
+    max_seq = 8  # cuts two of them
+    ref = cal._Recorder(c.spec, weights, max_seq=max_seq, cache_bytes=cal.CALIB_CACHE_BYTES)
+    for seq in seqs:
+        ref.reset()
+        for t in seq[:max_seq]:
+            ref.forward([t])
+    for hidden_bytes in (1, 1 << 30):
+        monkeypatch.setattr(cal, "CALIB_HIDDEN_BYTES", hidden_bytes)
+        got = cal.calibrate(c.spec, weights, seqs, max_seq, "x")
+        assert got.tokens == sum(min(len(s), max_seq) for s in seqs)
+        assert got.counts == ref.counts
+        assert got.mean_square.keys() == ref.sums.keys()
+        for name, s in ref.sums.items():
+            assert np.array_equal(got.mean_square[name], s / ref.counts[name]), name
+        assert got.inputs.keys() == ref.inputs.keys() and got.input_peak.keys() == ref.input_peak.keys()
+        for norm, xs in ref.inputs.items():
+            assert np.array_equal(got.inputs[norm], np.stack(xs)), norm
+            assert np.array_equal(got.input_peak[norm], ref.input_peak[norm]), norm
+
+
 def test_weighted_int4_search():
     """With equal column weights the weighted search picks what the plain one does; a column weighed 1000x
     gets a smaller error than without weights."""
