@@ -96,7 +96,7 @@ static inline int32_t cb_ld4(const int8_t *p)
 
 /* The block sums of one tile (16 int32 lanes, one per row): four independent VPDPBUSD chains, written
  * out (its latency, not its rate, binds; a loop kept them in memory). */
-static inline __m512i cb_tile_isum(const int8_t *w, const int8_t *q, int32_t s)
+static inline __attribute__((always_inline)) __m512i cb_tile_isum(const int8_t *w, const int8_t *q, int32_t s)
 {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
@@ -211,7 +211,8 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
     } while (0)
 
 /* Sixteen rows' block sums, eight lanes at a time, written out (a loop was not unrolled at -O2). */
-static inline void cb_tile_isum(const int8_t *w, const int8_t *q, __m256i *lo, __m256i *hi)
+static inline __attribute__((always_inline)) void cb_tile_isum(const int8_t *w, const int8_t *q, __m256i *lo,
+                                                                 __m256i *hi)
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
