@@ -49,7 +49,7 @@ def read_calibration(path: str | Path, vocab: int,
     as_ids = sum(ids is not None for _, ids in parsed)
     if as_ids * 2 > len(parsed) or not parsed:  # (a file of only comments and blank lines: no sequences)
         return CalibrationSet(_checked(p, parsed, vocab), text=False)
-    texts = [line for line in lines if line.strip()]
+    texts = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not texts:
         raise ExportError(p, "the calibration set has no sequences")
     tok = section()
@@ -72,7 +72,7 @@ def _checked(p: Path, parsed: list[tuple[int, list[int] | None]], vocab: int) ->
     return seqs
 
 
-def _encode(p: Path, section: bytes, texts: list[str]) -> list[list[int]]:
+def _encode(p: Path, section: bytes, texts: list[tuple[int, str]]) -> list[list[int]]:
     """Each line through the C tokenizer, with the BOS/EOS the tokenizer asks for; a special token's text in
     a line is that token (as HF tokenizers' encode does: chat-formatted calibration text keeps its markers)."""
     import ctypes
@@ -90,6 +90,12 @@ def _encode(p: Path, section: bytes, texts: list[str]) -> list[list[int]]:
             raise ExportError(p, f"read as text, the model's tokenizer did not compile: {first}") from None
         try:
             tok = Tokenizer.from_bytes(lib, section)
-            return [tok.encode(t, special=True, parse_special=True) for t in texts]
         except TokenizerError as e:
-            raise ExportError(p, f"the model's tokenizer cannot encode it: {e}") from None
+            raise ExportError(p, f"the model's tokenizer section does not load: {e}") from None
+        seqs = []
+        for n, text in texts:
+            try:
+                seqs.append(tok.encode(text, special=True, parse_special=True))
+            except TokenizerError as e:
+                raise ExportError(p, f"line {n}: the model's tokenizer cannot encode it: {e}") from None
+        return seqs

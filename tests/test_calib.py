@@ -230,20 +230,24 @@ def test_text_calibration(flag, tmp_path):
     assert by_text != export()[0]
 
 
-def test_text_calibration_needs_a_compiler(tmp_path):
-    """Text needs the C tokenizer compiled for this machine: without a compiler, one line and exit 2."""
+@pytest.mark.parametrize("text,cc,why", [
+    ("Hello there\n", "no such cc", "read as text, it needs a C compiler"),  # no compiler for the C tokenizer
+    ("Hello there\n" + "a" * 300_000 + "\n", None, "line 2: the model's tokenizer cannot encode it"),
+])
+def test_bad_text_calibration(text, cc, why, tmp_path):
+    """Text needs the C tokenizer compiled for this machine, and lines it can encode: else one line, exit 2."""
     import os
 
     ckpt = train_bytelevel(synth(tmp_path / "m", **{**SHAPE, "vocab": 320}))
-    text = tmp_path / "calib.txt"
-    text.write_text("Hello there\n")
+    calib = tmp_path / "calib.txt"
+    calib.write_text(text)
     out = tmp_path / "out"
+    env = {**os.environ, "CC": str(tmp_path / cc)} if cc else None
     r = subprocess.run([sys.executable, "-m", "colibri.toolchain.cli", "export", str(ckpt), "-o", str(out),
-                        "--calib", str(text)], capture_output=True, text=True,
-                       env={**os.environ, "CC": str(tmp_path / "no such cc")})
+                        "--calib", str(calib)], capture_output=True, text=True, env=env)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(text) in lines[0] and "needs a C compiler" in lines[0], r.stderr
+    assert len(lines) == 1 and str(calib) in lines[0] and why in lines[0], r.stderr
     assert not out.exists()
 
 
