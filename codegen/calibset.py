@@ -49,9 +49,7 @@ def read_calibration(path: str | Path, vocab: int,
     as_ids = sum(ids is not None for _, ids in parsed)
     if as_ids * 2 > len(parsed) or not parsed:  # (a file of only comments and blank lines: no sequences)
         return CalibrationSet(_checked(p, parsed, vocab), text=False)
-    texts = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-    if not texts:
-        raise ExportError(p, "the calibration set has no sequences")
+    texts = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]  # not empty: parsed is not
     tok = section()
     if tok is None:
         bad = next(n for n, ids in parsed if ids is None)
