@@ -6,7 +6,7 @@ Every position of SEQS random sequences of LEN token ids (seed 0; 96 x 16 = 1,53
 mean KL divergence of each variant's next-token distribution from the f32 one, and top-1 agreement.
 colibri's variants (f32, f16, int8, int8c, int4, int4c; int8c with float activations, int8c with
 --attn-quant f16: the embedding and attention matrices in f16, the experts and lm_head int8c, and int4c
-with --attn-quant int8c; int4 and int4c keep K and V 8-bit, as the exporter does) run in the
+with --attn-quant int8c; int4 and int4c keep V 8-bit, as the exporter does) run in the
 numpy reference on the exporter's own quantized weights, with the integer activations the runtime's
 matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the float input), which is
 what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of

@@ -10,9 +10,10 @@ int4 stores 4-bit values q in [-8, 7] in groups of INT4_GROUP inputs with one f1
 (4.5 bits a weight), symmetric: w ~ s*q. Each group's scale is searched (after llama.cpp's
 make_qx_quants): INT4_CANDIDATES trial scales around max|w|/8 of either sign, each rounded, refined by
 least squares (s = sum(w q) / sum(q q)), the one of least squared error kept. int4c adds int8c's sparse
-fp16 corrections, INT4C_OUTLIER_FRAC of the weights by default. In both, the projections the KV cache
-holds are 8-bit (KV_QUANT), which with the corrections keeps int4c at llama.cpp's Q4_0 bits counted over
-all weights (4.62 against 4.64 on bench/hf_checkpoints.py's model, K and V 1.9% of it). A per-group
+fp16 corrections, INT4C_OUTLIER_FRAC of the weights by default. In both, the V projection (and MLA's
+cached latent) is 8-bit (V_QUANT), and int4c gives the K projection K_OUTLIER_SCALE times the corrections,
+which keeps int4c under llama.cpp's Q4_0 bits counted over all weights (4.59 against 4.64 on
+bench/hf_checkpoints.py's model, K and V 1.9% of it; about 4.54 at Mixtral 8x7B's widths). A per-group
 minimum (asymmetric 4-bit) was measured and not kept: it costs 16 more bits a group (0.5 a weight), and on
 zero-centred weights the same bits spent on corrections lower the error more (see tests/test_int4.py
 test_symmetric_beats_offset_at_equal_bits).
@@ -32,11 +33,13 @@ MAX_OUTLIER_FRAC = 0.1  # the largest --outlier-frac taken
 INT4_QUANTS = ("int4", "int4c")
 INT4_GROUP = 32  # inputs per int4 scale: the activation block (layout.ACT_BLOCK)
 INT4C_OUTLIER_FRAC = 0.001  # 4.5 + 0.001 * 32 = 4.532 bits a weight in the int4c matrices
-# A 4-bit export's K and V projections (stream.KV_TENSORS) take the 8-bit flavour of its kind (llama.cpp's
-# Q4_0 keeps them at Q8_0 in an 8-expert model). On the transformers checkpoints of bench/hf_checkpoints.py
-# they carry more of int4c's KL than the corrections do: with them 8-bit, 0.001 of corrections gives a
-# lower mean KL than 0.003 with them 4-bit at fewer bits (bench/quant_table.py).
-KV_QUANT = {"int4": "int8", "int4c": "int8c"}
+# A 4-bit export's V projection (stream.V_TENSORS) takes the 8-bit flavour of its kind, and int4c's K
+# projection K_OUTLIER_SCALE times its corrections (llama.cpp's Q4_0 keeps both at Q8_0 in an 8-expert
+# model). On the transformers checkpoints of bench/hf_checkpoints.py (bench/quant_table.py, seeds 0 and 1),
+# K and V both 4-bit raise int4c's mean KL by 19-27% over K and V both 8-bit; K 4-bit with V 8-bit by 3-8%,
+# and with K's corrections ten times as many by -1% to +4%, for 0.032 fewer bits a weight there.
+V_QUANT = {"int4": "int8", "int4c": "int8c"}
+K_OUTLIER_SCALE = 10
 INT4_CANDIDATES = np.concatenate([-8.0 - 0.25 * np.arange(-4, 5), 7.0 + 0.25 * np.arange(-4, 5)])
 F16_MIN_NORMAL = float(np.finfo(np.float16).tiny)
 F16_MAX = float(np.finfo(np.float16).max)

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibrate import Calibration
-from .quantize import KV_QUANT, PLAIN, QuantTensor, error_from_squared, quantize_measured, quantize_report
+from .quantize import (
+    K_OUTLIER_SCALE,
+    MAX_OUTLIER_FRAC,
+    PLAIN,
+    V_QUANT,
+    QuantTensor,
+    error_from_squared,
+    quantize_measured,
+    quantize_report,
+)
 from .spec import canonical_shape
 
 POOL_MIN_PARAMS = 16_000_000  # below this a pool's start-up costs more than it saves
@@ -48,8 +57,11 @@ ATTN_TENSORS = ("embed", "attn.q", "attn.k", "attn.v", "attn.o", "attn.q_a", "at
 
 # The projections whose output the KV cache holds (MLA's kv_a: the cached latent and rope key). Every later
 # position reads what they wrote, so their error reaches every token after it; with grouped-query heads
-# they are a small share of the weights. A 4-bit export keeps them at 8 bits (quantize.KV_QUANT).
-KV_TENSORS = ("attn.k", "attn.v", "attn.kv_a")
+# they are a small share of the weights. A 4-bit export keeps V_TENSORS at 8 bits (quantize.V_QUANT); K,
+# whose error reaches the outputs through the softmax's scores only, stays 4-bit, with more corrections in
+# int4c (quantize.K_OUTLIER_SCALE).
+V_TENSORS = ("attn.v", "attn.kv_a")
+K_TENSOR = "attn.k"
 
 
 def _kind(name: str) -> str:
@@ -63,14 +75,14 @@ def is_attn_tensor(name: str) -> bool:
 def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     """The quantization a tensor gets: norms, biases, router and shared gate stay float32, and so does
     MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att);
-    with `attn_quant`, the ATTN_TENSORS get that one; a 4-bit `quant` gives the KV_TENSORS its 8-bit
-    flavour (KV_QUANT)."""
+    with `attn_quant`, the ATTN_TENSORS get that one; a 4-bit `quant` gives the V_TENSORS its 8-bit
+    flavour (V_QUANT)."""
     if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.kv_b", "attn.sinks")):
         return "f32"
     if attn_quant is not None and is_attn_tensor(name):
         return attn_quant
-    if quant in KV_QUANT and _kind(name) in KV_TENSORS:
-        return KV_QUANT[quant]
+    if quant in V_QUANT and _kind(name) in V_TENSORS:
+        return V_QUANT[quant]
     return quant
 
 
@@ -91,12 +103,14 @@ def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
         return tq, group_size, None
     if quant == "int8c" and group_size == 0 and is_attn_tensor(name):
         return tq, ATTN_GROUP, outlier_frac
+    if quant == "int4c" and _kind(name) == K_TENSOR:
+        return tq, group_size, min(outlier_frac * K_OUTLIER_SCALE, MAX_OUTLIER_FRAC)
     return tq, group_size, outlier_frac
 
 
 def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
-    """The quantizations an export's matrices may get: --quant's, its KV_QUANT, and --attn-quant's."""
-    return {quant} | ({KV_QUANT[quant]} if quant in KV_QUANT else set()) | ({attn_quant} if attn_quant else set())
+    """The quantizations an export's matrices may get: --quant's, its V_QUANT, and --attn-quant's."""
+    return {quant} | ({V_QUANT[quant]} if quant in V_QUANT else set()) | ({attn_quant} if attn_quant else set())
 
 
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,

@@ -194,10 +194,15 @@ def test_int4c_greedy_equals_reference_on_its_weights(case, golden_ckpts, build_
     raw = (out / "model.bin").read_bytes()
     h = blob_header(raw)
     assert (h["version_major"], h["version_minor"]) == (1, 4 if h["prefill_block"] > 1 else 3) and h["xq_offset"] != 0
-    dtypes = {blob_name(e): e["dtype"] for e in blob_entries(raw)}
-    kv = {n for n in dtypes if n.endswith((".attn.k", ".attn.v"))}
-    assert kv and {dtypes[n] for n in kv} == {4}, dtypes  # the KV cache's projections int8c
-    assert {d for n, d in dtypes.items() if n not in kv} == {1, 6}, dtypes  # f32 norms/router/rope, int4c
+    entries = {blob_name(e): e for e in blob_entries(raw)}
+    dtypes = {n: e["dtype"] for n, e in entries.items()}
+    v = {n for n in dtypes if n.endswith(".attn.v")}
+    assert v and {dtypes[n] for n in v} == {4}, dtypes  # the V projections int8c
+    assert {d for n, d in dtypes.items() if n not in v} == {1, 6}, dtypes  # f32 norms/router/rope, int4c
+    for n, e in entries.items():  # K: ten times the corrections of the other int4c matrices (0.001)
+        if e["dtype"] == 6:
+            frac = 0.01 if n.endswith(".attn.k") else 0.001
+            assert e["n_outliers"] == int(frac * e["rows"] * e["cols"]), (n, e["n_outliers"])
     spec = open_checkpoint(ckpt).spec
     deq = blob_weights(out / "model.bin")
     deq.quantize_activations = watch = TieWatch()

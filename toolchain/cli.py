@@ -201,7 +201,13 @@ class _Parser(argparse.ArgumentParser):
 def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) -> None:
     """The options of `colibri export`, which `colibri project` takes too."""
     from colibri.codegen.format import KV_DTYPES
-    from colibri.codegen.quantize import DEFAULT_OUTLIER_FRAC, DEFAULT_QUANT, INT4C_OUTLIER_FRAC, QUANTS
+    from colibri.codegen.quantize import (
+        DEFAULT_OUTLIER_FRAC,
+        DEFAULT_QUANT,
+        INT4C_OUTLIER_FRAC,
+        K_OUTLIER_SCALE,
+        QUANTS,
+    )
 
     e.add_argument("ckpt")
     e.add_argument("-o", "--out", required=True)
@@ -209,10 +215,10 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
     e.add_argument("--group-size", type=int, default=0, help="inputs per scale (0: one scale per row)")
     e.add_argument("--outlier-frac", type=float, default=None,
                    help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
-                        f"{INT4C_OUTLIER_FRAC} for int4c)")
+                        f"{INT4C_OUTLIER_FRAC} for int4c; int4c's K projection takes {K_OUTLIER_SCALE} times it)")
     e.add_argument("--attn-quant", default=None, choices=QUANTS,
                    help="quantization of the token embedding and the attention matrices (default: --quant's, "
-                        "with K and V 8-bit in int4/int4c); f16 there with int8c experts beats llama.cpp's Q8_0 "
+                        "with V 8-bit in int4/int4c); f16 there with int8c experts beats llama.cpp's Q8_0 "
                         "by 2-8x in KL at ~8.4 bits/weight at Mixtral widths, int8c there with int4c experts "
                         "its Q4_K_M by 2-5x under its bits (bench/quant_table.py)")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
