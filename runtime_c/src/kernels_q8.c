@@ -56,6 +56,19 @@ CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
 #if defined(CB_HAS_Q4_ROWS)
 #define CB_Q4_TOKENS 32 /* tokens whose dots one pass over CB_Q4_ROWS rows keeps (a prefill block's) */
 
+/* An arch's cb_q4_rows (q4.h: out[j][i] = the dot of row r + i with token j, j < n <= 4) for one token
+ * (decode; p: the previous rows' corrections, a few added each step) and for four tokens per pass (prefill) */
+static inline __attribute__((always_inline)) void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq,
+                                                                 float out[CB_Q4_ROWS], cb_outl_pend *p)
+{
+    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out, p);
+}
+
+static inline void cb_q4_rows_x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[CB_Q4_ROWS])
+{
+    cb_q4_rows(t, r, xq, 4, out, NULL);
+}
+
 /* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < CB_Q4_ROWS: cb_finish's last steps */
 static inline void cb_q4_write(float *restrict y, const float *dot, float a, int accumulate)
 {

@@ -337,20 +337,5 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
 
 #endif
 
-#if defined(CB_HAS_Q4_ROWS)
-/* one token (decode; p: the previous rows' corrections, a few added each step) and four tokens per pass
- * (prefill) */
-static inline __attribute__((always_inline)) void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                                 float out[CB_Q4_ROWS], cb_outl_pend *p)
-{
-    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out, p);
-}
-
-static inline void cb_q4_rows_x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[CB_Q4_ROWS])
-{
-    cb_q4_rows(t, r, xq, 4, out, NULL);
-}
-#endif
-
 #endif
 #endif /* CB_ARCH_X86_Q4_H */
