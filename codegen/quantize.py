@@ -35,9 +35,9 @@ INT4_GROUP = 32  # inputs per int4 scale: the activation block (layout.ACT_BLOCK
 INT4C_OUTLIER_FRAC = 0.001  # 4.5 + 0.001 * 32 = 4.532 bits a weight in the int4c matrices
 # A 4-bit export's V projection (stream.V_TENSORS) takes the 8-bit flavour of its kind, and int4c's K
 # projection K_OUTLIER_SCALE times its corrections (llama.cpp's Q4_0 keeps both at Q8_0 in an 8-expert
-# model). On the transformers checkpoints of bench/hf_checkpoints.py (bench/quant_table.py, seeds 0 and 1),
-# K and V both 4-bit raise int4c's mean KL by 19-27% over K and V both 8-bit; K 4-bit with V 8-bit by 3-8%,
-# and with K's corrections ten times as many by -1% to +4%, for 0.032 fewer bits a weight there.
+# model). On the transformers checkpoints of bench/hf_checkpoints.py (bench/quant_table.py's scoring), against
+# K and V both 8-bit: K and V both 4-bit raise int4c's mean KL by 19-27%, K 4-bit with V 8-bit by 3-8% (seed
+# 1), and K 4-bit with ten times the corrections by -1% to +4% (seeds 1 and 0), for 0.032 fewer bits a weight.
 V_QUANT = {"int4": "int8", "int4c": "int8c"}
 K_OUTLIER_SCALE = 10
 INT4_CANDIDATES = np.concatenate([-8.0 - 0.25 * np.arange(-4, 5), 7.0 + 0.25 * np.arange(-4, 5)])
