@@ -8,12 +8,15 @@ The program compares cb_matvec (the ISA path the target's flags select) with
 cb_matvec_scalar on random matrices of every weight type and many shapes; see its header.
 runtime_c/test/kernels_q8_test.c does the same for the integer matmuls (bit for bit, both layouts,
 and against their definition); runtime_c/test/kernels_q4_test.c for the int4 matmuls (bit for bit against
-cb_matmul_q4_scalar, widths that are and are not multiples of the block, 1..7 tokens, the definition).
+cb_matmul_q4_scalar, widths that are and are not multiples of the block, 1..7 tokens, the definition);
+runtime_c/test/crc_test.c for cb_crc32, the blob's check at load (Arm's CRC32 instructions where the target
+has them, else tables), against zlib.crc32.
 """
 
 from __future__ import annotations
 
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
             "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c",
-            "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c"}
+            "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c",
+            "crc_test": ROOT / "runtime_c/test/crc_test.c"}
 FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = names("linux")
 # the ISA path each target's flags must select: its file's kernels.float and kernels.int8 (targets/SCHEMA.md)
@@ -109,3 +113,29 @@ def test_simd_reads_nothing_beyond_its_rows(tmp_path):
     for program in PROGRAMS:
         exe = _build("host", tmp_path, "-fsanitize=address,undefined", "-fno-sanitize-recover=all", program=program)
         _run([str(exe)])
+
+
+def _xorshift_bytes(n: int) -> bytes:
+    """crc_test.c's buffer: xorshift32 from 2463534242, each step's low byte."""
+    x, out = 2463534242, bytearray(n)
+    for i in range(n):
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        out[i] = x & 0xFF
+    return bytes(out)
+
+
+@pytest.mark.parametrize("target", LINUX)
+def test_crc32_matches_zlib(target, tmp_path):
+    lines = _run(runner_argv(target, str(_build(target, tmp_path, program="crc_test")))).splitlines()
+    buf = _xorshift_bytes((1 << 20) + 8)
+    assert len(lines) == 8 * 81 + 5 * 3 + 1
+    for line in lines:
+        if line.startswith("chain "):
+            _, split, got = line.split()
+            assert int(got, 16) == zlib.crc32(buf[: 1 << 20]), (target, line)
+            continue
+        off, length, got = line.split()
+        want = zlib.crc32(buf[int(off): int(off) + int(length)])
+        assert int(got, 16) == want, (target, line, f"{want:08x}")

@@ -6,6 +6,10 @@
  */
 #include "cbmath.h"
 
+#if defined(__ARM_FEATURE_CRC32)
+#include <arm_acle.h>
+#endif
+
 float cb_expf(float x)
 {
     return cb_expf_inline(x);
@@ -133,13 +137,28 @@ static const uint32_t cb_crc_table[256] = {
     0xb40bbe37u, 0xc30c8ea1u, 0x5a05df1bu, 0x2d02ef8du,
 };
 
-/* Byte at a time: 8 instructions a byte, a 1 KiB table. Where the stack is not a few KiB (no
- * microcontroller build), a long buffer goes eight bytes at a time through eight tables built on the
- * stack from the first (slicing-by-8): a 300 MB blob's check at init drops from about 0.7 s to 0.15 s. */
+/* Byte at a time: 8 instructions a byte, a 1 KiB table. Where the CPU has Arm's CRC32 instructions (the
+ * Armv8-A CRC extension: every Raspberry Pi target), they compute this very CRC (polynomial 0x04C11DB7,
+ * bit-reflected, no inversion of their own), 8 bytes an instruction on AArch64 and 4 on AArch32. Else,
+ * where the stack is not a few KiB (no microcontroller build), a long buffer goes eight bytes at a time
+ * through eight tables built on the stack from the first (slicing-by-8): a 300 MB blob's check at init
+ * drops from about 0.7 s to 0.15 s. */
 uint32_t cb_crc32(uint32_t crc, const uint8_t *p, size_t n)
 {
     crc = ~crc;
-#if !defined(COLIBRI_NO_PARALLEL)
+#if defined(__ARM_FEATURE_CRC32) && defined(__aarch64__)
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t v;
+        memcpy(&v, p, sizeof v); /* little-endian, as the whole runtime */
+        crc = __crc32d(crc, v);
+    }
+#elif defined(__ARM_FEATURE_CRC32)
+    for (; n >= 4; p += 4, n -= 4) {
+        uint32_t v;
+        memcpy(&v, p, sizeof v);
+        crc = __crc32w(crc, v);
+    }
+#elif !defined(COLIBRI_NO_PARALLEL)
     if (n >= 65536) {
         uint32_t t[8][256];
         for (int i = 0; i < 256; i++) {
