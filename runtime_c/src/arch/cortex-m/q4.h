@@ -65,6 +65,15 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
     return sum - 8 * qsum;
 }
 
+/* acc + one block's dot: the scalar kernel's float steps (f = isum, f *= d, f *= scale, acc += f) */
+static inline __attribute__((always_inline)) void cb_q4_dsp_acc(float *acc, int32_t isum, float d, float scale)
+{
+    float f = (float)isum;
+    f = f * d;
+    f = f * scale;
+    *acc = *acc + f;
+}
+
 #define CB_HAS_Q4_ROWS 1
 #define CB_Q4_ROWS 4
 #define CB_Q4_TOKENS 4 /* a prefill's pass over four rows keeps four tokens' dots: 64 bytes of stack, not 512 */
@@ -79,7 +88,9 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
-    float acc[4][CB_Q4_ROWS] = {{0.0f}}; /* not out: p writes the previous rows' dots through a float * */
+    for (size_t j = 0; j < n; j++) /* summed in out itself: a firmware stack has no room for a copy */
+        for (size_t i = 0; i < CB_Q4_ROWS; i++)
+            out[j][i] = 0.0f;
     for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2) {
         if (p)
             cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
@@ -103,18 +114,13 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
                 s2 = cb_q4_dsp_word(s2, b2, xl0, xl1, xh0, xh1);
                 s3 = cb_q4_dsp_word(s3, b3, xl0, xl1, xh0, xh1);
             }
-            const int32_t off = 8 * xq[j].s[b], isum[CB_Q4_ROWS] = {s0 - off, s1 - off, s2 - off, s3 - off};
-            for (size_t i = 0; i < CB_Q4_ROWS; i++) {
-                float f = (float)isum[i];
-                f = f * xq[j].d[b];
-                f = f * sc[i];
-                acc[j][i] = acc[j][i] + f;
-            }
+            const int32_t off = 8 * xq[j].s[b];
+            cb_q4_dsp_acc(&out[j][0], s0 - off, xq[j].d[b], sc[0]);
+            cb_q4_dsp_acc(&out[j][1], s1 - off, xq[j].d[b], sc[1]);
+            cb_q4_dsp_acc(&out[j][2], s2 - off, xq[j].d[b], sc[2]);
+            cb_q4_dsp_acc(&out[j][3], s3 - off, xq[j].d[b], sc[3]);
         }
     }
-    for (size_t j = 0; j < n; j++)
-        for (size_t i = 0; i < CB_Q4_ROWS; i++)
-            out[j][i] = acc[j][i];
 }
 
 #endif
