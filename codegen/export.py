@@ -28,7 +28,7 @@ from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, Quan
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
-from .stream import matrix_quants, pool_workers, quantize_all
+from .stream import has_int4, matrix_quants, pool_workers, quantize_all
 from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
@@ -392,6 +392,7 @@ def export(
             "chat_prefix": list(chat["prefix"].encode("utf-8")) if chat else [],
             "chat_suffix": list(chat["suffix"].encode("utf-8")) if chat else [],
             "flags": blob_flags(spec, plan, writer.tokenizer),
+            "int4": has_int4(opts.quant, opts.attn_quant),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))

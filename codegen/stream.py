@@ -22,6 +22,7 @@ from typing import Any
 
 from .calibrate import Calibration
 from .quantize import (
+    INT4_QUANTS,
     K_OUTLIER_SCALE,
     MAX_OUTLIER_FRAC,
     PLAIN,
@@ -111,6 +112,12 @@ def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
 def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
     """The quantizations an export's matrices may get: --quant's, its V_QUANT, and --attn-quant's."""
     return {quant} | ({V_QUANT[quant]} if quant in V_QUANT else set()) | ({attn_quant} if attn_quant else set())
+
+
+def has_int4(quant: str, attn_quant: str | None) -> bool:
+    """Whether an export's blob has int4/int4c matrices (model.h COLIBRI_INT4: a runtime compiled for it
+    links the int4 kernels only then)."""
+    return bool(matrix_quants(quant, attn_quant) & set(INT4_QUANTS))
 
 
 def quantize_tensor(source: Any, name: str, quant: str, group_size: int, outlier_frac: float,

@@ -299,6 +299,21 @@ def test_unknown_dtype_is_refused_with_its_own_status(golden_ckpts, build_model,
         assert e.value.status == status, (code, e.value)
 
 
+def test_runtime_specialised_to_int8c_has_no_int4(golden_ckpts, build_model):
+    """A runtime specialised to an int8c model is built without the int4 kernels (model.h COLIBRI_INT4 0)
+    and refuses an int4c blob of the same model with COLIBRI_E_DTYPE; the generic runtime runs that blob,
+    and so does the int4c model's own specialised runtime."""
+    out8 = build_model(golden_ckpts["mixtral_f16"], "int8c")
+    out4 = build_model(golden_ckpts["mixtral_f16"], "int4c")
+    assert "#define COLIBRI_INT4 0" in (out8 / "include" / "model.h").read_text()
+    with pytest.raises(ColibriError) as e:
+        load(out4 / "model.bin", out8 / f"libcolibri_{out8.name}.so").forward([1])
+    assert e.value.status == E_DTYPE, e.value
+    want = load(out4 / "model.bin", out8 / "libcolibri.so").forward([1])
+    got = load(out4 / "model.bin", out4 / f"libcolibri_{out4.name}.so").forward([1])
+    assert np.array_equal(want, got)
+
+
 def test_int4_without_integer_matmuls_is_refused(golden_ckpts, build_model, tmp_path):
     """An int4 tensor in a blob without the xq buffer (no integer matmul plan) has no kernel: BAD_TENSOR."""
     out = build_model(golden_ckpts["mixtral_f16"], "int4c")

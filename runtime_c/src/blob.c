@@ -354,8 +354,8 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* kind, layer or expert: not this place's */
     if (cb_rd32(e + CB_E_ROWS) != rows || cb_rd32(e + CB_E_COLS) != cols)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* rows or cols: not what the dims say */
-    if (dtype > CB_DTYPE_LAST)
-        return CB_BAD(COLIBRI_E_DTYPE); /* dtype: a weight format newer than this runtime's kernels */
+    if (dtype > CB_DTYPE_LAST || (!CB_HAS_INT4 && int4))
+        return CB_BAD(COLIBRI_E_DTYPE); /* dtype: newer than this runtime's kernels, or not built in (kernels.h) */
     if (dtype < CB_F32 || !(dtypes & DT(dtype)))
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* dtype: zero, or not one this kind takes */
     if (stride < cb_row_bytes(dtype, cols) || stride % CB_ROW_ALIGN != 0 || (tiled && stride != cols))

@@ -196,7 +196,6 @@ static inline uint64_t cb_kv_layer_rows(uint32_t window, const cb_model *m)
     return window && ring < m->max_seq ? ring : m->max_seq;
 }
 
-static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
 
 /* Whether a matrix is multiplied with int8 activations (kernels.h): decided by the blob alone. int4 has
  * integer kernels only (any cols: a last partial block is zero-padded); blob.c refuses it without xq. */

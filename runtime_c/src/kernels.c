@@ -339,7 +339,7 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
     } else if (t->dtype == CB_F16) {
         for (size_t c = 0; c < cols; c++)
             out[c] = cb_f16_to_f32(((const uint16_t *)row)[c]);
-    } else if (t->dtype == CB_I4 || t->dtype == CB_I4C) {
+    } else if (CB_HAS_INT4 && cb_is_int4(t->dtype)) {
         const uint8_t *b = (const uint8_t *)row; /* block g: 16 bytes, columns 32g + i and 32g + 16 + i */
         for (size_t c = 0; c < cols; c++) {
             size_t i = c % CB_ACT_BLOCK, byte = c / CB_ACT_BLOCK * (CB_ACT_BLOCK / 2) + i % (CB_ACT_BLOCK / 2);

@@ -23,6 +23,20 @@
 
 enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6 }; /* weight and scale dtypes, as in FORMAT.md */
 
+/* Whether this build has the int4 kernels: a runtime specialised to a model (COLIBRI_SPECIALISED) only when
+ * its blob has int4/int4c tensors (model.h COLIBRI_INT4), so an int8c firmware image does not carry them;
+ * blob.c then refuses an int4 tensor (COLIBRI_E_DTYPE). A build for known blobs (several models in one
+ * image) may say COLIBRI_INT4=0 itself. Every other build has them. */
+#if defined(COLIBRI_SPECIALISED)
+#include "model.h"
+#define CB_HAS_INT4 COLIBRI_INT4
+#elif defined(COLIBRI_INT4)
+#define CB_HAS_INT4 COLIBRI_INT4
+#else
+#define CB_HAS_INT4 1
+#endif
+static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
+
 /* One validated weight matrix, pointers into the blob. W[r][c] =
  * scale[r][c / group_size] * q[r][c] (I8, I8C), plus oval[i] at flat index
  * idx[i] = idx[i-1] + ogap[i] (idx[0] = ogap[0]) for I8C and I4C; F32 and F16 are stored as is.

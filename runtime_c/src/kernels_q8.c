@@ -262,7 +262,7 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
 void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq, const float *const *x,
                   float *const *y, const float *alpha, int accumulate)
 {
-    if (t->dtype == CB_I4 || t->dtype == CB_I4C)
+    if (CB_HAS_INT4 && cb_is_int4(t->dtype)) /* a constant 0 drops the int4 kernels from the image */
         cb_matmul_q4_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
     else
         cb_matmul_q8_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);

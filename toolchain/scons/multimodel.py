@@ -45,7 +45,9 @@ def multi_outputs(env, t: Target, names: list[str], gens: list[dict], out: Path,
     fenv, _ = _envs(env, t, gens[0])
     common_path = [p for p in fenv["CPPPATH"] if p != gens[0]["model.h"].dir]
     fenv.Replace(CPPPATH=common_path)
-    generic = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING"])  # dimensions from each blob
+    # dimensions from each blob; the int4 kernels only if a blob has int4 matrices (runtime_c/src/kernels.h)
+    int4 = [] if any(g["int4"] for g in gens) else ["COLIBRI_INT4=0"]
+    generic = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", *int4])
     objs = Objects(out / "obj")
     model, part_app, qemu_app = _objects(fenv, generic, fw, gens[0], objs)
     runtime = [o for o in model if o.name not in NOT_LINKED]
