@@ -203,8 +203,8 @@ def test_stm32h7_runtime_text_size(small_ckpt, build_model):
     # The parameters section, sliding windows, gpt-oss's sinks/biases/clamped SwiGLU and DeepSeek's MLA and
     # group-limited routing (their blob checks and forward paths, linked even into this plain-MoE image: a
     # specialised build could drop what its model's flags exclude) took it to 18,138 B. A specialised build
-    # leaves the int4 kernels out when its blob has no int4 tensor (model.h COLIBRI_INT4): 17,660 B, with
-    # Cortex-M's four-row int4 kernel in the runtime. Past 18.5 KiB it has grown by more than that.
+    # leaves the int4 kernels out when its blob has no int4 tensor (model.h COLIBRI_INT4): 17,660 B. Past 18.5 KiB it
+    # has grown by more than that.
     assert code < 18.5 * 1024, "runtime + startup over 18.5 KiB at -Os"
     assert flash["weights"] == (_gen(out, "int8c") / "model.bin").stat().st_size
     assert audit["budget"]["flash"]["ok"] and audit["budget"]["ram"]["ok"]

@@ -54,10 +54,7 @@ CB_MATMUL_Q4(cb_matmul_q4_def, cb_dot32_q4_scalar)
 CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
 
 #if defined(CB_HAS_Q4_ROWS)
-#ifndef CB_Q4_TOKENS
-#define CB_Q4_TOKENS 32 /* tokens whose dots one pass over CB_Q4_ROWS rows keeps (a prefill block's; q4.h may
-                         * choose fewer: the dots are on the stack) */
-#endif
+#define CB_Q4_TOKENS 32 /* tokens whose dots one pass over CB_Q4_ROWS rows keeps (a prefill block's) */
 
 /* An arch's cb_q4_rows (q4.h: out[j][i] = the dot of row r + i with token j, j < n <= 4) for one token
  * (decode; p: the previous rows' corrections, a few added each step) and for four tokens per pass (prefill) */
