@@ -71,6 +71,28 @@ def test_both_models_give_their_references_tokens(duo, arena):
         assert [int(t) for t in got[name].split(",")] == _reference(duo["build"], ckpt, name), name
 
 
+def test_two_int4c_models_fit_and_answer(duo, tmp_path):
+    """Both models in int4c in one image: it links (its stack bound, int4 matmuls included, within the target's
+    reserve: a larger int4 matmul frame once took it over) and each model's tokens are its reference's on its
+    blob's weights (the int4 kernels in the generic runtime, COLIBRI_INT4 not 0)."""
+    build = tmp_path / "b"
+    model = ",".join(str(c) for c in duo["ckpts"].values())
+    out = output_dirs(scons(f"MODEL={model}", f"TARGET={TARGET}", "QUANT=int4c", build=build))[TARGET]
+    res = subprocess.run([str(BIN / "colibri"), "run", "--target", TARGET, str(out / f"{out.name}-qemu.elf")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = dict(re.findall(r"^tokens ([\w-]+): ([\d,]*)$", res.stdout, re.M))
+    assert len(got) == len(MODELS), res.stdout
+    for (name, ckpt), tokens in zip(duo["ckpts"].items(), got.values(), strict=True):
+        gen = next((build / "gen").glob(f"{name}-int4c/int4c-*"))
+        h = dict(re.findall(r"^#define (COLIBRI_\w+) (.*?)\s*(?:/\*.*)?$", (gen / "model.h").read_text(), re.M))
+        assert h["COLIBRI_INT4"] == "1"
+        prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
+        want = Reference(open_checkpoint(ckpt).spec, blob_weights(gen / "model.bin"),
+                         max_seq=int(h["COLIBRI_MAX_SEQ"])).generate(prompt, int(h["COLIBRI_DEFAULT_GENERATE"]))
+        assert [int(t) for t in tokens.split(",")] == want, name
+
+
 def test_audit_weights_per_model_are_the_blobs(duo):
     out = duo["outs"]["shared"]
     res = subprocess.run([str(BIN / "colibri"), "size", "--json", str(out / f"{out.name}.elf")],
