@@ -84,13 +84,8 @@ def test_two_int4c_models_fit_and_answer(duo, tmp_path):
     got = dict(re.findall(r"^tokens ([\w-]+): ([\d,]*)$", res.stdout, re.M))
     assert len(got) == len(MODELS), res.stdout
     for (name, ckpt), tokens in zip(duo["ckpts"].items(), got.values(), strict=True):
-        gen = next((build / "gen").glob(f"{name}-int4c/int4c-*"))
-        h = dict(re.findall(r"^#define (COLIBRI_\w+) (.*?)\s*(?:/\*.*)?$", (gen / "model.h").read_text(), re.M))
-        assert h["COLIBRI_INT4"] == "1"
-        prompt = [int(t) for t in h["COLIBRI_DEFAULT_PROMPT"].strip("{} ").split(",")]
-        want = Reference(open_checkpoint(ckpt).spec, blob_weights(gen / "model.bin"),
-                         max_seq=int(h["COLIBRI_MAX_SEQ"])).generate(prompt, int(h["COLIBRI_DEFAULT_GENERATE"]))
-        assert [int(t) for t in tokens.split(",")] == want, name
+        assert _model_h(build, f"{name}-int4c")["COLIBRI_INT4"] == "1"
+        assert [int(t) for t in tokens.split(",")] == _reference(build, ckpt, f"{name}-int4c"), name
 
 
 def test_audit_weights_per_model_are_the_blobs(duo):

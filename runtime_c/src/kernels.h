@@ -29,8 +29,8 @@ enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6 }; /
  * image) may say COLIBRI_INT4=0 itself. Every other build has them. */
 #if defined(COLIBRI_SPECIALISED)
 #include "model.h"
-#define CB_HAS_INT4 COLIBRI_INT4
-#elif defined(COLIBRI_INT4)
+#endif
+#if defined(COLIBRI_INT4)
 #define CB_HAS_INT4 COLIBRI_INT4
 #else
 #define CB_HAS_INT4 1
