@@ -5,8 +5,9 @@
 Every position of SEQS random sequences of LEN token ids (seed 0; 96 x 16 = 1,536 positions) is scored:
 mean KL divergence of each variant's next-token distribution from the f32 one, and top-1 agreement.
 colibri's variants (f32, f16, int8, int8c, int4, int4c; int8c with float activations, int8c with
---attn-quant f16: the embedding and attention matrices in f16, the experts and lm_head int8c, and int4c
-with --attn-quant int8c; int4 and int4c keep V 8-bit, as the exporter does) run in the
+--attn-quant f16: the embedding and attention matrices in f16, the experts and lm_head int8c, the same with
+--attn-quant f16:1: the embedding and the first layer's attention f16, and int4c with --attn-quant int8c;
+int4 and int4c keep V 8-bit, as the exporter does) run in the
 numpy reference on the exporter's own quantized weights, with the integer activations the runtime's
 matmuls use (the reference's q8 hook: int8 blocks of 32, corrections times the float input), which is
 what the C runtime computes (tests/test_cross.py holds the two together). bits/w counts every weight of
@@ -66,7 +67,7 @@ LLAMACPP = (("f32", "f32"), ("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_K_M", "q4_k
 # (label, quant, group_size, integer activations, attn_quant)
 VARIANTS = (("f32", "f32", 0, False, None), ("f16", "f16", 0, False, None), ("int8", "int8", 0, True, None),
             ("int8c", "int8c", 0, True, None), ("int8c act=float", "int8c", 0, False, None),
-            ("int8c attn=f16", "int8c", 0, True, "f16"),
+            ("int8c attn=f16", "int8c", 0, True, "f16"), ("int8c attn=f16:1", "int8c", 0, True, "f16:1"),
             ("int4", "int4", 0, True, None), ("int4c", "int4c", 0, True, None),
             ("int4c attn=int8c", "int4c", 0, True, "int8c"))
 # the same, calibrated as `colibri export --calib` calibrates (codegen/smooth.py, codegen/calibrate.py) on

@@ -28,7 +28,7 @@ from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, Quan
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
-from .stream import has_int4, matrix_quants, pool_workers, quantize_all
+from .stream import attn_scope, has_int4, matrix_quants, parse_attn_quant, pool_workers, quantize_all
 from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
@@ -175,9 +175,12 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
                                                     f"{', '.join(unrun)} yet (the numpy reference does)")
     if opts.quant not in QUANTS:
         raise ExportError(ckpt_dir, f"unknown quantization {opts.quant!r} (use {', '.join(QUANTS)})")
-    if opts.attn_quant is not None and opts.attn_quant not in QUANTS:
-        raise ExportError(ckpt_dir, f"unknown --attn-quant {_short(opts.attn_quant)} (use {', '.join(QUANTS)})")
-    if opts.attn_quant in INT4_QUANTS and not opts.int8_activations:
+    if opts.attn_quant is not None:
+        try:
+            parse_attn_quant(opts.attn_quant)
+        except ValueError as e:
+            raise ExportError(ckpt_dir, f"--attn-quant: {e}") from None
+    if attn_scope(opts.attn_quant)[0] in INT4_QUANTS and not opts.int8_activations:
         raise ExportError(ckpt_dir, f"--attn-quant {opts.attn_quant} has integer-activation kernels only "
                                     "(drop --float-activations)")
     if not 0.0 <= opts.outlier_frac <= MAX_OUTLIER_FRAC:

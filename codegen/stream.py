@@ -26,6 +26,7 @@ from .quantize import (
     K_OUTLIER_SCALE,
     MAX_OUTLIER_FRAC,
     PLAIN,
+    QUANTS,
     V_QUANT,
     QuantTensor,
     error_from_squared,
@@ -73,6 +74,32 @@ def is_attn_tensor(name: str) -> bool:
     return name == "embed" or _kind(name) in ATTN_TENSORS
 
 
+def attn_scope(attn_quant: str | None) -> tuple[str | None, int | None]:
+    """--attn-quant QUANT[:LAYERS] as (QUANT, LAYERS): QUANT for the embedding and the attention matrices of
+    the first LAYERS layers (None: of every layer). The value is one parse_attn_quant accepted."""
+    if attn_quant is None:
+        return None, None
+    quant, sep, layers = attn_quant.partition(":")
+    return quant, int(layers) if sep else None
+
+
+def parse_attn_quant(arg: str) -> str:
+    """--attn-quant's value, checked: a quantization, optionally `:LAYERS` (a positive number of layers).
+    ValueError names what is wrong."""
+    quant, sep, layers = arg.partition(":")
+    if quant not in QUANTS:
+        raise ValueError(f"unknown quantization {quant[:40]!r} (use {', '.join(QUANTS)}, optionally :LAYERS)")
+    if sep and not (layers.isascii() and layers.isdigit() and len(layers) <= 5 and int(layers) > 0):
+        raise ValueError(f"{arg[:40]!r}: LAYERS after ':' must be a positive number of layers")
+    return arg
+
+
+def _in_attn_scope(name: str, layers: int | None) -> bool:
+    if not is_attn_tensor(name):
+        return False
+    return layers is None or name == "embed" or int(name.split(".")[1]) < layers
+
+
 def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     """The quantization a tensor gets: norms, biases, router and shared gate stay float32, and so does
     MLA's kv_b, which the runtime reads per head in both directions (absorbed into q and out of att);
@@ -80,8 +107,9 @@ def tensor_quant(name: str, quant: str, attn_quant: str | None = None) -> str:
     flavour (V_QUANT)."""
     if name.endswith(("norm", "_bias", "moe.router", "moe.shared_gate", "attn.kv_b", "attn.sinks")):
         return "f32"
-    if attn_quant is not None and is_attn_tensor(name):
-        return attn_quant
+    scoped, layers = attn_scope(attn_quant)
+    if scoped is not None and _in_attn_scope(name, layers):
+        return scoped
     if quant in V_QUANT and _kind(name) in V_TENSORS:
         return V_QUANT[quant]
     return quant
@@ -102,7 +130,7 @@ def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
     tq = tensor_quant(name, quant, attn_quant)
     if tq != quant:  # another quantization than --quant: its own default corrections
         return tq, group_size, None
-    if quant == "int8c" and group_size == 0 and is_attn_tensor(name):
+    if quant == "int8c" and group_size == 0 and is_attn_tensor(name) and attn_scope(attn_quant)[1] is None:
         return tq, ATTN_GROUP, outlier_frac
     if quant == "int4c" and _kind(name) == K_TENSOR:
         return tq, group_size, min(outlier_frac * K_OUTLIER_SCALE, MAX_OUTLIER_FRAC)
@@ -111,7 +139,8 @@ def tensor_scheme(name: str, quant: str, group_size: int, outlier_frac: float,
 
 def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
     """The quantizations an export's matrices may get: --quant's, its V_QUANT, and --attn-quant's."""
-    return {quant} | ({V_QUANT[quant]} if quant in V_QUANT else set()) | ({attn_quant} if attn_quant else set())
+    scoped = attn_scope(attn_quant)[0]
+    return {quant} | ({V_QUANT[quant]} if quant in V_QUANT else set()) | ({scoped} if scoped else set())
 
 
 def has_int4(quant: str, attn_quant: str | None) -> bool:

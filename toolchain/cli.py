@@ -19,6 +19,15 @@ def _tokens(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of token ids: {text!r}") from None
 
 
+def _attn_quant(text: str) -> str:
+    from colibri.codegen.stream import parse_attn_quant
+
+    try:
+        return parse_attn_quant(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def cmd_synth(a: argparse.Namespace) -> int:
     from colibri.codegen.synth import synth_checkpoint
 
@@ -216,11 +225,14 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
     e.add_argument("--outlier-frac", type=float, default=None,
                    help=f"int8c/int4c: fraction of fp16 corrections (default {DEFAULT_OUTLIER_FRAC} for int8c, "
                         f"{INT4C_OUTLIER_FRAC} for int4c; int4c's K projection takes {K_OUTLIER_SCALE} times it)")
-    e.add_argument("--attn-quant", default=None, choices=QUANTS,
+    e.add_argument("--attn-quant", default=None, type=_attn_quant, metavar="QUANT[:LAYERS]",
                    help="quantization of the token embedding and the attention matrices (default: --quant's, "
-                        "with V 8-bit in int4/int4c); f16 there with int8c experts beats llama.cpp's Q8_0 "
-                        "by 2-8x in KL at ~8.4 bits/weight at Mixtral widths, int8c there with int4c experts "
-                        "its Q4_K_M by 2-5x under its bits (bench/quant_table.py)")
+                        "with V 8-bit in int4/int4c); with :LAYERS, of the embedding and the attention of the "
+                        "first LAYERS layers only (the other attention matrices then take per-row scales). "
+                        "f16:1 with int8c: 8.49 bits/weight on bench/quant_table.py's checkpoints with 0.23-0.49x "
+                        "llama.cpp Q8_0's KL, but the f16 matrices run the scalar kernel (the same bits on every "
+                        "target): half int8c's decode speed there; int8c with int4c experts beats its Q4_K_M by "
+                        "2-5x under its bits")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "

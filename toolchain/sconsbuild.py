@@ -66,10 +66,13 @@ def _activations(arg: str) -> bool:
 
 def _attn_quant(arg: str | None, quant: str) -> str | None:
     """ATTN_QUANT, None when it is QUANT's (the same export, so the same build directory)."""
-    from colibri.codegen.quantize import QUANTS
+    from colibri.codegen.stream import parse_attn_quant
 
-    if arg is not None and arg not in QUANTS:
-        _fail(f"ATTN_QUANT={arg}: expected one of {', '.join(QUANTS)}")
+    if arg is not None:
+        try:
+            parse_attn_quant(arg)
+        except ValueError as e:
+            _fail(f"ATTN_QUANT: {e}")
     return None if arg == quant else arg
 
 
