@@ -211,6 +211,26 @@ def test_integer_matmuls_give_the_same_bits_everywhere(tmp_path_factory, build_m
         assert lines == first, f"{name} differs from the host build in the printed logits"
 
 
+def test_f16_matrices_in_an_integer_blob_give_the_same_bits_everywhere(tmp_path_factory, build_model):
+    """int8c with --attn-quant f16:1: the f16 embedding and first-layer attention run float kernels whose
+    sums have one order on every ISA (cb_scores_f16's), so every target's SIMD build and a scalar build
+    print the same logits, bit for bit, as for an all-integer blob."""
+    ckpt = synth(tmp_path_factory.mktemp("q8h") / "q8h", **Q8_SHAPE)
+    args = ("--tokens", "3,17,42", "--generate", "8", "--print-logits")
+    for target in ["host", *CROSS]:
+        require_target(target)
+    runs = {}
+    for extra, targets in (((), ["host", *CROSS]), (("KERNELS=scalar",), ["host"])):
+        outs = build_model.many(ckpt, "int8c", targets, "ATTN_QUANT=f16:1", *extra, only=("colibri_demo",))[0]
+        for target, out in outs.items():
+            lines = _run(target, out / "colibri_demo", *args)
+            runs[f"{target} {' '.join(extra)}"] = [line for line in lines if line.startswith(("tokens: ", "logits: "))]
+    first = runs["host "]
+    assert len(first) == 2 and first[1].count(",") >= Q8_SHAPE["vocab"] - 1
+    for name, lines in runs.items():
+        assert lines == first, f"{name} differs from the host build in the printed logits"
+
+
 def _checkout(where):
     """A clone of this repository whose `colibri` package is the clone's own (through a path shim)."""
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
