@@ -230,9 +230,9 @@ def _add_export_options(e: argparse.ArgumentParser, layout_default: str | None) 
                         "with V 8-bit in int4/int4c); with :LAYERS, of the embedding and the attention of the "
                         "first LAYERS layers only (the other attention matrices then take per-row scales). "
                         "f16:1 with int8c: 8.49 bits/weight on bench/quant_table.py's checkpoints with 0.23-0.49x "
-                        "llama.cpp Q8_0's KL, but the f16 matrices run the scalar kernel (the same bits on every "
-                        "target): half int8c's decode speed there; int8c with int4c experts beats its Q4_K_M by "
-                        "2-5x under its bits")
+                        "llama.cpp Q8_0's KL at 0.98-1.0x int8c's decode speed (its f16 matrices take float "
+                        "activations, the same bits on every target); int8c with int4c experts beats its Q4_K_M "
+                        "by 2-5x under its bits")
     e.add_argument("--max-seq", type=int, default=0, help="KV cache positions (0: from the model, max 256)")
     e.add_argument("--prefill-block", type=int, default=0,
                    help="tokens a prefill pushes through the layers at once, 1..128, or up to the smallest "
