@@ -232,12 +232,13 @@ static inline __m256i cb_q4_pair(__m256i lo, __m256i hi, __m256i qlo, __m256i qh
 }
 
 /* Two blocks (b, b + 1) of four rows with f16 scales, each row's 32 bytes in one load (block b + k in 128-bit
- * lane k) against the two blocks' activations shuffled to match; three PHADDDs leave the four rows' sums of
- * block b in the low lane and of b + 1 in the high one; then per block, in order, the float steps of the
- * one-block loop below. Same sums, same float operations in the same order: the same bits. */
-static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *w, size_t stride,
-                                                                 const uint16_t *s16, size_t blocks, size_t b,
-                                                                 const cb_xq *xq, size_t n, __m128 *acc)
+ * lane k) against the two blocks' activations shuffled to match; three PHADDDs (with VNNI) or two PHADDWs of
+ * the int16 pair sums and one PMADDWD (without) leave the four rows' sums of block b in the low lane and of
+ * b + 1 in the high one; then per block, in order, the float steps of the one-block loop below. Same sums,
+ * same float operations in the same order: the same bits. s4: the rows' f16 scales of the two blocks, dword i
+ * row i's (the caller loads them four steps at a time). */
+static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *w, size_t stride, __m128i s4,
+                                                                 size_t b, const cb_xq *xq, size_t n, __m128 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(15);
     const uint8_t *wb = w + b * (CB_ACT_BLOCK / 2);
@@ -251,14 +252,8 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *
     CB_Q4_LOAD32(2);
     CB_Q4_LOAD32(3);
 #undef CB_Q4_LOAD32
-    /* the rows' two scales each (one dword per row), then words (row 0-3 of block b, row 0-3 of b + 1) */
-    int32_t s0, s1, s2, s3; /* not an array: its stores would stall the vector load of them */
-    memcpy(&s0, s16 + b, sizeof s0);
-    memcpy(&s1, s16 + blocks + b, sizeof s1);
-    memcpy(&s2, s16 + 2 * blocks + b, sizeof s2);
-    memcpy(&s3, s16 + 3 * blocks + b, sizeof s3);
-    const __m128i sw = _mm_shuffle_epi8(_mm_setr_epi32(s0, s1, s2, s3),
-                                        _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    /* the scales as words: row 0-3 of block b, row 0-3 of b + 1 */
+    const __m128i sw = _mm_shuffle_epi8(s4, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
     const __m256 sc = _mm256_cvtph_ps(sw);
     const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     for (size_t j = 0; j < n; j++) {
@@ -266,8 +261,19 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *
         const __m256i z0 = _mm256_loadu_si256((const __m256i *)(const void *)q);
         const __m256i z1 = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32));
         const __m256i qlo = _mm256_permute2x128_si256(z0, z1, 0x20), qhi = _mm256_permute2x128_si256(z0, z1, 0x31);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(cb_q4_pair(lo0, hi0, qlo, qhi), cb_q4_pair(lo1, hi1, qlo, qhi)),
                                       _mm256_hadd_epi32(cb_q4_pair(lo2, hi2, qlo, qhi), cb_q4_pair(lo3, hi3, qlo, qhi)));
+#else
+        /* the rows' int16 pair sums (at most 2 * 2 * 15 * 127 = 7,620) added pairwise twice (at most 30,480:
+         * still int16) before one PMADDWD widens them: four rows' block sums per lane, as three PHADDDs of
+         * four PMADDWDs would leave them (exact integer sums, the same order of lanes) */
+#define CB_Q4_PAIR16(i) _mm256_add_epi16(_mm256_maddubs_epi16(lo##i, qlo), _mm256_maddubs_epi16(hi##i, qhi))
+        __m256i h = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(CB_Q4_PAIR16(0), CB_Q4_PAIR16(1)),
+                                                        _mm256_hadd_epi16(CB_Q4_PAIR16(2), CB_Q4_PAIR16(3))),
+                                      _mm256_set1_epi16(1));
+#undef CB_Q4_PAIR16
+#endif
         const __m256i s8 = _mm256_castsi128_si256(
             _mm_slli_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(xq[j].s + b)), 3));
         const __m256 d = _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(xq[j].d + b))));
@@ -292,14 +298,43 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
      * bytes ahead (four short streams interleaved are too short for the hardware prefetcher to pick up) */
     const char *ahead = (const char *)w + CB_Q4_PREFETCH;
     size_t b = 0;
-    if (!f32_scales) /* two blocks a step (the four rows' 32 bytes each, 128 a step) while there are two */
-        for (; b + 2 <= blocks; b += 2, ahead += 128) {
-            _mm_prefetch(ahead, _MM_HINT_T0);
-            _mm_prefetch(ahead + 64, _MM_HINT_T0);
-            cb_q4_rows_by2(w, stride, (const uint16_t *)(const void *)sc, blocks, b, xq, n, acc);
-            if (p)
-                cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
+    if (!f32_scales) { /* two blocks a step (the four rows' 32 bytes each, 128 a step) while there are two */
+        const uint16_t *s16 = (const uint16_t *)(const void *)sc;
+#define CB_Q4_STEP(s4)                                                 \
+    do {                                                               \
+        _mm_prefetch(ahead, _MM_HINT_T0);                              \
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);                         \
+        cb_q4_rows_by2(w, stride, (s4), b, xq, n, acc);                \
+        if (p)                                                         \
+            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);            \
+        b += 2;                                                        \
+        ahead += 128;                                                  \
+    } while (0)
+        /* four steps: each row's eight scales in one load, transposed to the four steps' dwords (row i's
+         * scales of blocks b + 2k, b + 2k + 1 in dword i of step k): four loads and eight unpacks, not
+         * sixteen dword loads */
+        while (b + 8 <= blocks) {
+            const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(s16 + b));
+            const __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(s16 + blocks + b));
+            const __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(s16 + 2 * blocks + b));
+            const __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(s16 + 3 * blocks + b));
+            const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+            const __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+            CB_Q4_STEP(_mm_unpacklo_epi64(t0, t1));
+            CB_Q4_STEP(_mm_unpackhi_epi64(t0, t1));
+            CB_Q4_STEP(_mm_unpacklo_epi64(t2, t3));
+            CB_Q4_STEP(_mm_unpackhi_epi64(t2, t3));
         }
+        while (b + 2 <= blocks) {
+            int32_t s0, s1, s2, s3; /* not an array: its stores would stall the vector load of them */
+            memcpy(&s0, s16 + b, sizeof s0);
+            memcpy(&s1, s16 + blocks + b, sizeof s1);
+            memcpy(&s2, s16 + 2 * blocks + b, sizeof s2);
+            memcpy(&s3, s16 + 3 * blocks + b, sizeof s3);
+            CB_Q4_STEP(_mm_setr_epi32(s0, s1, s2, s3));
+        }
+#undef CB_Q4_STEP
+    }
     for (w += b * (CB_ACT_BLOCK / 2); b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
         _mm_prefetch(ahead, _MM_HINT_T0);
         if (p)
