@@ -94,7 +94,7 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
     size_t r = r0;
     if (n == 1) { /* decode: each group's corrections added during the next group's pass (cb_outl_pend) */
         float dot[2][CB_Q4_ROWS];
-        cb_outl_pend p = {o, 0, 0, 1.0 / (double)t->cols, x[0], dot[0]};
+        cb_outl_pend p = cb_outl_pend_start(t, o, x[0]);
         size_t prev = r1, buf = 0;
         for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS, buf ^= 1) {
             cb_q4_rows_isa(t, r, xq, dot[buf], &p);
@@ -102,9 +102,7 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
                 cb_outl_pend_run(t, &p, UINT32_MAX);
                 cb_q4_write(y[0] + prev, dot[buf ^ 1], alpha[0], accumulate);
             }
-            p.first = (uint64_t)r * t->cols;
-            p.end = p.first + (uint64_t)CB_Q4_ROWS * t->cols;
-            p.dot = dot[buf];
+            cb_outl_pend_tile(t, &p, r, CB_Q4_ROWS, dot[buf]);
             prev = r;
         }
         if (prev != r1) {
@@ -199,7 +197,7 @@ static void cb_matmul_q8_pend(const cb_tensor *t, size_t r0, size_t r1, const cb
                               float *const *y, const float *alpha, int accumulate)
 {
     float dot[2][1][CB_TILE_ROWS];
-    cb_outl_pend p = {cb_outl_seek(t, (uint64_t)r0 * t->cols), 0, 0, 1.0 / (double)t->cols, x[0], dot[0][0]};
+    cb_outl_pend p = cb_outl_pend_start(t, cb_outl_seek(t, (uint64_t)r0 * t->cols), x[0]);
     size_t prev = r1, prev_nr = 0, b = 0;
     for (size_t r = r0; r < r1; r += CB_TILE_ROWS, b ^= 1) {
         size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
@@ -208,9 +206,7 @@ static void cb_matmul_q8_pend(const cb_tensor *t, size_t r0, size_t r1, const cb
             cb_outl_pend_run(t, &p, UINT32_MAX);
             cb_tile_write(prev, prev_nr, 1, dot[b ^ 1], alpha, y, accumulate);
         }
-        p.first = (uint64_t)r * t->cols;
-        p.end = p.first + (uint64_t)nr * t->cols;
-        p.dot = dot[b][0];
+        cb_outl_pend_tile(t, &p, r, nr, dot[b][0]);
         prev = r;
         prev_nr = nr;
     }
