@@ -142,6 +142,25 @@ def test_demo_threads_give_the_same_bits(golden_ckpts, build_model):
         assert lines == first, f"{key} differs from one thread"
 
 
+def test_demo_threads_split_a_long_prompt_with_the_same_bits(golden_ckpts, build_model):
+    """A 200-token prompt in blocks of 128: the per-token steps (norms, SwiGLU, the activations'
+    quantization) are then wide enough to be split over the threads by tokens, as the matmuls are by rows.
+    Any thread count gives the one-thread tokens and logits, bit for bit, and so does colibri_run."""
+    out = build_model(golden_ckpts["mixtral_f16"], "int8c", "host", "PREFILL_BLOCK=128", "MAX_SEQ=256")
+    prompt = ",".join(str((i * 37 + 5) % 320) for i in range(200))
+    runs = {}
+    for prog in ("colibri_demo", "colibri_run"):
+        for threads in (1, 2, 3, 7):
+            argv = [out / prog] + ([out / "model.bin"] if prog == "colibri_run" else [])
+            res = subprocess.run([*argv, "--tokens", prompt, "--generate", "8", "--threads", str(threads),
+                                  "--print-logits"], capture_output=True, text=True, check=True, timeout=120)
+            runs[prog, threads] = [x for x in res.stdout.splitlines() if x.startswith(("tokens: ", "logits: "))]
+    first = runs["colibri_demo", 1]
+    assert len(first) == 2 and len(first[0].split(",")) == 8
+    for key, lines in runs.items():
+        assert lines == first, f"{key} differs from one thread"
+
+
 def test_symbols_exported_and_undefined(golden_ckpts, build_model):
     out = build_model(golden_ckpts["gqa_top2"], "int8c")
     for so in (out / f"libcolibri_{out.name}.so", out / "libcolibri.so"):

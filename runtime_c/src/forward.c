@@ -48,16 +48,13 @@ static const float *cb_vector(const colibri_ctx *c, size_t i) /* an F32 1 x n te
     return (const float *)(const void *)(c->blob + cb_rd64(cb_entry(c->blob, i) + CB_E_DATA_OFF));
 }
 
-/* The n rows x[j] of width cols quantized into the xq buffer (FORMAT.md "Integer matmuls"), for every
- * q8 matrix that takes them; NULL without integer matmuls (float activations).
- * The xq buffer holds one quantized row per token of a block: the rows stay valid until the next call. */
-static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, size_t n, size_t cols, cb_xq *xq)
+/* Rows j0..j1 of x (width cols) quantized into the xq buffer: one row of cb_xq_row_bytes a token. */
+static void cb_quantize_rows(const colibri_ctx *c, const float *const *x, size_t j0, size_t j1, size_t cols,
+                             cb_xq *xq)
 {
-    if (!c->m.xq_off) /* (a width of partial blocks is quantized too: int4 matrices take any) */
-        return NULL;
     size_t row = (size_t)cb_xq_row_bytes(&c->m, c->blob), blocks = cb_ceil_div((uint32_t)cols, CB_Q8_BLOCK);
     size_t q_bytes = (size_t)cb_align64(blocks * CB_Q8_BLOCK), d_bytes = (size_t)cb_align64(blocks * 4);
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = j0; j < j1; j++) {
         /* the xq buffer: block rows of row bytes */
         int8_t *q = c->xq + j * row;
         float *d = (float *)(void *)(q + q_bytes);
@@ -67,7 +64,72 @@ static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, siz
         xq[j].d = d;
         xq[j].s = s;
     }
+}
+
+static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+
+/* A step every token of a block takes on its own rows (a norm, SwiGLU, the quantization of a matmul's
+ * input), split over the parallel hook by tokens: task i of T takes tokens n i / T to n (i + 1) / T, each
+ * through the same operations as alone, so the split changes no bit. */
+typedef struct cb_tok_job {
+    const colibri_ctx *c;
+    size_t n, tasks, cols;
+    float *const *out;     /* norm: out[j] = rmsnorm(in[j]) * w; swiglu: gate rows, silu(gate) * up */
+    const float *const *in; /* norm: its input rows; swiglu: the up rows */
+    const float *w;        /* norm: its weight; NULL: swiglu */
+    float eps;
+    cb_xq *xq; /* then out[j] quantized into the xq buffer, NULL: not */
+} cb_tok_job;
+
+static void cb_tok_task(void *job, size_t i)
+{
+    const cb_tok_job *t = (const cb_tok_job *)job;
+    const size_t j0 = t->n * i / t->tasks, j1 = t->n * (i + 1) / t->tasks;
+    for (size_t j = j0; t->in && j < j1; j++)
+        if (t->w)
+            cb_rmsnorm(t->out[j], t->in[j], t->w, t->cols, t->eps);
+        else
+            cb_silu_mul(t->out[j], t->in[j], t->cols); /* silu(gate) * up */
+    if (t->xq)
+        cb_quantize_rows(t->c, (const float *const *)t->out, j0, j1, t->cols, t->xq);
+}
+
+#define CB_PARALLEL_MIN_ELEMS 4096u /* per-token steps of fewer elements stay on the calling thread */
+
+static void cb_tok_run(const colibri_ctx *c, cb_tok_job *job)
+{
+#ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
+    job->tasks = c->parallel_tasks < job->n ? c->parallel_tasks : job->n;
+    if (c->parallel_for && job->tasks > 1 && job->n * job->cols >= CB_PARALLEL_MIN_ELEMS) {
+        c->parallel_for(cb_tok_task, job, job->tasks, c->parallel_user);
+        return;
+    }
+#endif
+    job->tasks = 1;
+    cb_tok_task(job, 0);
+}
+
+/* The n rows x[j] of width cols quantized into the xq buffer (FORMAT.md "Integer matmuls"), for every
+ * q8 matrix that takes them; NULL without integer matmuls (float activations).
+ * The xq buffer holds one quantized row per token of a block: the rows stay valid until the next call. */
+static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, size_t n, size_t cols, cb_xq *xq)
+{
+    if (!c->m.xq_off) /* (a width of partial blocks is quantized too: int4 matrices take any) */
+        return NULL;
+    cb_tok_job job = {c, n, 1, cols, (float *const *)x, NULL, NULL, 0.0f, xq};
+    cb_tok_run(c, &job);
     return xq;
+}
+
+/* out[j] = rmsnorm(in[j]) * w for the n tokens; with xq, the out rows quantized as cb_quantize does
+ * (returned; NULL without integer matmuls). */
+static const cb_xq *cb_norm_rows(const colibri_ctx *c, float *const *out, float *const *in, const float *w,
+                                 size_t n, size_t cols, cb_xq *xq)
+{
+    cb_xq *q = c->m.xq_off ? xq : NULL;
+    cb_tok_job job = {c, n, 1, cols, out, (const float *const *)in, w, c->m.rms_eps, q};
+    cb_tok_run(c, &job);
+    return q;
 }
 
 /* One matmul of a group: y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the group's n tokens. */
@@ -417,12 +479,17 @@ static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *cons
             cb_add_vector(g[j], cb_vector(c, x->bias + CB_MLP_GATE), 1.0f, w);
             cb_add_vector(u[j], cb_vector(c, x->bias + CB_MLP_UP), 1.0f, w);
         }
-    if (x && x->clamp)
-        cb_clamped_swiglu(gate, up, n * w, x->alpha, x->limit);
-    else
-        cb_silu_mul(gate, up, n * w); /* silu(gate) * up */
     const float *const *h = (const float *const *)g;
-    cb_mm(c, i + CB_MLP_DOWN, n, h, cb_quantize(c, h, n, w, xq), out, alpha, 1);
+    const cb_xq *hq;
+    if (x && x->clamp) {
+        cb_clamped_swiglu(gate, up, n * w, x->alpha, x->limit);
+        hq = cb_quantize(c, h, n, w, xq);
+    } else { /* silu(gate) * up, token by token, then quantized */
+        cb_tok_job job = {c, n, 1, w, g, (const float *const *)u, NULL, 0.0f, c->m.xq_off ? xq : NULL};
+        cb_tok_run(c, &job);
+        hq = job.xq;
+    }
+    cb_mm(c, i + CB_MLP_DOWN, n, h, hq, out, alpha, 1);
     if (x && x->bias) /* out += alpha (W h + b) */
         for (size_t j = 0; j < n; j++)
             cb_add_vector(out[j], cb_vector(c, x->bias + CB_MLP_DOWN), alpha[j], CB_HIDDEN(c));
@@ -819,8 +886,7 @@ static void cb_ffn(colibri_ctx *c, size_t base, const cb_slots *s, int dense, si
 {
     const size_t dim = CB_HIDDEN(c);
     const float *const *xb = (const float *const *)r->xb;
-    for (size_t j = 0; j < n; j++) /* 6: ffn norm */
-        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s->ffn_norm), dim, c->m.rms_eps);
+    cb_norm_rows(c, r->xb, r->x, cb_vector(c, base + s->ffn_norm), n, dim, NULL); /* 6: ffn norm */
     float *moe = c->buf[CB_BUF_MOE];
     memset(moe, 0, n * dim * sizeof *moe);
     if (dense) /* 8: the dense MLP */
@@ -900,9 +966,8 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
         }
     }
 
-    for (size_t j = 0; j < n; j++) /* 0: attention norm */
-        cb_rmsnorm(r->xb[j], r->x[j], cb_vector(c, base + s.attn_norm), dim, eps);
-    const cb_xq *xbq = cb_quantize(c, xb, n, dim, xq); /* 1: q, k, v (k, v straight into the cache) */
+    /* 0: attention norm; 1: q, k, v (k, v straight into the cache) */
+    const cb_xq *xbq = cb_norm_rows(c, r->xb, r->x, cb_vector(c, base + s.attn_norm), n, dim, xq);
     const cb_mm_part qkv[3] = {{cb_tensor_at(c, base + s.wq), xb, xbq, r->q, cb_ones, 0},
                                {cb_tensor_at(c, base + s.wk), xb, xbq, r->k, cb_ones, 0},
                                {cb_tensor_at(c, base + s.wv), xb, xbq, r->v, cb_ones, 0}};
