@@ -159,19 +159,32 @@ void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
 
 #define CB_MAX_TOKENS 32 /* tokens whose dots one pass over a tile keeps (a prefill block's) */
 
+/* A whole tile's rows of one token: y[i] (+)= a * d[i]. Separate functions with restrict parameters, as
+ * loops inside the loop over tokens are not vectorised at -O2 (a nest, the pointers from arrays); each
+ * element is the same one product (and sum) in any case, so vector code changes no bit. */
+static inline void cb_tile_row_add(float *restrict y, const float *restrict d, float a)
+{
+    for (size_t i = 0; i < CB_TILE_ROWS; i++)
+        y[i] = y[i] + a * d[i];
+}
+
+static inline void cb_tile_row_set(float *restrict y, const float *restrict d, float a)
+{
+    for (size_t i = 0; i < CB_TILE_ROWS; i++)
+        y[i] = a * d[i];
+}
+
 /* y[j][r + i] = (accumulate ? y[j][r + i] : 0) + alpha[j] * dot[j][i] for the nr rows of a tile */
 static void cb_tile_write(size_t r, size_t nr, size_t n, float (*dot)[CB_TILE_ROWS], const float *alpha,
                           float *const *y, int accumulate)
 {
-    for (size_t j = 0; j < n; j++) { /* a whole tile's rows as a fixed-length loop: vector code */
-        float *restrict yj = y[j] + r;
+    for (size_t j = 0; j < n; j++) {
+        float *yj = y[j] + r;
         const float a = alpha[j], *d = dot[j];
         if (nr == CB_TILE_ROWS && accumulate)
-            for (size_t i = 0; i < CB_TILE_ROWS; i++)
-                yj[i] = yj[i] + a * d[i];
+            cb_tile_row_add(yj, d, a);
         else if (nr == CB_TILE_ROWS)
-            for (size_t i = 0; i < CB_TILE_ROWS; i++)
-                yj[i] = a * d[i];
+            cb_tile_row_set(yj, d, a);
         else
             for (size_t i = 0; i < nr; i++)
                 yj[i] = accumulate ? yj[i] + a * d[i] : a * d[i];
