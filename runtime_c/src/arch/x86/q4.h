@@ -220,14 +220,20 @@ static inline void cb_q4_unpack2(const uint8_t *a, const uint8_t *b, __m256i *lo
     *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
 }
 
+/* without VNNI: the int16 sums of pairs of products of a block's low and high nibbles with their activations
+ * (each at most 2 * 2 * 15 * 127 = 7,620) */
+static inline __m256i cb_q4_pair16(__m256i lo, __m256i hi, __m256i qlo, __m256i qhi)
+{
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
+}
+
 /* the 32-bit partial sums of two rows' block (cb_q4_unpack2) with the block's activations in both lanes */
 static inline __m256i cb_q4_pair(__m256i lo, __m256i hi, __m256i qlo, __m256i qhi)
 {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qlo), hi, qhi);
 #else
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); /* pairs of at most 2 * 2 * 15 * 127: int16 */
+    return _mm256_madd_epi16(cb_q4_pair16(lo, hi, qlo, qhi), _mm256_set1_epi16(1));
 #endif
 }
 
@@ -265,14 +271,13 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(cb_q4_pair(lo0, hi0, qlo, qhi), cb_q4_pair(lo1, hi1, qlo, qhi)),
                                       _mm256_hadd_epi32(cb_q4_pair(lo2, hi2, qlo, qhi), cb_q4_pair(lo3, hi3, qlo, qhi)));
 #else
-        /* the rows' int16 pair sums (at most 2 * 2 * 15 * 127 = 7,620) added pairwise twice (at most 30,480:
-         * still int16) before one PMADDWD widens them: four rows' block sums per lane, as three PHADDDs of
-         * four PMADDWDs would leave them (exact integer sums, the same order of lanes) */
-#define CB_Q4_PAIR16(i) _mm256_add_epi16(_mm256_maddubs_epi16(lo##i, qlo), _mm256_maddubs_epi16(hi##i, qhi))
-        __m256i h = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(CB_Q4_PAIR16(0), CB_Q4_PAIR16(1)),
-                                                        _mm256_hadd_epi16(CB_Q4_PAIR16(2), CB_Q4_PAIR16(3))),
-                                      _mm256_set1_epi16(1));
-#undef CB_Q4_PAIR16
+        /* the rows' int16 pair sums (at most 7,620) added pairwise twice (at most 30,480: still int16) before
+         * one PMADDWD widens them: four rows' block sums per lane, as three PHADDDs of four PMADDWDs would
+         * leave them (exact integer sums, the same order of lanes) */
+        __m256i h = _mm256_madd_epi16(
+            _mm256_hadd_epi16(_mm256_hadd_epi16(cb_q4_pair16(lo0, hi0, qlo, qhi), cb_q4_pair16(lo1, hi1, qlo, qhi)),
+                              _mm256_hadd_epi16(cb_q4_pair16(lo2, hi2, qlo, qhi), cb_q4_pair16(lo3, hi3, qlo, qhi))),
+            _mm256_set1_epi16(1));
 #endif
         const __m256i s8 = _mm256_castsi128_si256(
             _mm_slli_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(xq[j].s + b)), 3));
