@@ -110,7 +110,8 @@ COLIBRI_API colibri_status colibri_forward(colibri_ctx *ctx, const int32_t *toke
                                            float *logits, size_t logits_len);
 
 /* The optional parallel hook. The runtime starts no threads; given a parallel_for it splits each
- * large matrix product into n_tasks row ranges and calls
+ * large matrix product into n_tasks row ranges (a prompt's attention and per-token steps into token
+ * ranges) and calls
  *     parallel_for(fn, task_ctx, n_tasks, user)
  * which must call fn(task_ctx, i) exactly once for every i in [0, n_tasks), from any threads, in
  * any order, and return only when all calls have returned. The tasks write disjoint outputs and
