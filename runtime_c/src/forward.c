@@ -104,6 +104,8 @@ static void cb_tok_run(const colibri_ctx *c, cb_tok_job *job)
         c->parallel_for(cb_tok_task, job, job->tasks, c->parallel_user);
         return;
     }
+#else
+    (void)c;
 #endif
     job->tasks = 1;
     cb_tok_task(job, 0);
