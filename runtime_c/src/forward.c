@@ -465,6 +465,22 @@ static void cb_clamped_swiglu(float *g, const float *u, size_t n, float alpha, f
     }
 }
 
+/* g[j] = silu(g[j]) * u[j] (x->clamp: gpt-oss's clamped form) for the n rows of width w, then quantized
+ * into the xq buffer as cb_quantize does (returned; NULL without integer matmuls): the down projection's
+ * input, split over the threads by tokens (cb_tok_run). */
+static const cb_xq *cb_swiglu_rows(const colibri_ctx *c, float *const *g, float *const *u, size_t n, size_t w,
+                                   const cb_expert_extra *x, cb_xq *xq)
+{
+    if (x && x->clamp) {
+        for (size_t j = 0; j < n; j++)
+            cb_clamped_swiglu(g[j], u[j], w, x->alpha, x->limit);
+        return cb_quantize(c, (const float *const *)g, n, w, xq);
+    }
+    cb_tok_job job = {c, n, 1, w, g, (const float *const *)u, NULL, 0.0f, c->m.xq_off ? xq : NULL};
+    cb_tok_run(c, &job);
+    return job.xq;
+}
+
 static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
                      size_t w, float *const *out, const float *alpha, const cb_expert_extra *x)
 {
@@ -482,16 +498,7 @@ static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *cons
             cb_add_vector(u[j], cb_vector(c, x->bias + CB_MLP_UP), 1.0f, w);
         }
     const float *const *h = (const float *const *)g;
-    const cb_xq *hq;
-    if (x && x->clamp) {
-        cb_clamped_swiglu(gate, up, n * w, x->alpha, x->limit);
-        hq = cb_quantize(c, h, n, w, xq);
-    } else { /* silu(gate) * up, token by token, then quantized */
-        cb_tok_job job = {c, n, 1, w, g, (const float *const *)u, NULL, 0.0f, c->m.xq_off ? xq : NULL};
-        cb_tok_run(c, &job);
-        hq = job.xq;
-    }
-    cb_mm(c, i + CB_MLP_DOWN, n, h, hq, out, alpha, 1);
+    cb_mm(c, i + CB_MLP_DOWN, n, h, cb_swiglu_rows(c, g, u, n, w, x, xq), out, alpha, 1);
     if (x && x->bias) /* out += alpha (W h + b) */
         for (size_t j = 0; j < n; j++)
             cb_add_vector(out[j], cb_vector(c, x->bias + CB_MLP_DOWN), alpha[j], CB_HIDDEN(c));
@@ -680,12 +687,7 @@ static void cb_moe1(const colibri_ctx *c, size_t first, const float *probs, cons
         k++;
     }
     cb_mm_parts(c, 1, p, 2 * k, 0);
-    for (size_t e = 0; e < k; e++)
-        if (x->clamp)
-            cb_clamped_swiglu(g[e], u[e], ffn, x->alpha, x->limit);
-        else
-            cb_silu_mul(g[e], u[e], ffn);
-    const cb_xq *hq = cb_quantize(c, (const float *const *)g, k, ffn, xq);
+    const cb_xq *hq = cb_swiglu_rows(c, g, u, k, ffn, x, xq);
     for (size_t e = 0; e < k; e++)
         p[e] = (cb_mm_part){cb_tensor_at(c, at[e] + CB_MLP_DOWN), (const float *const *)&g[e], hq ? &hq[e] : NULL,
                             &out, &alpha[e], 1};
