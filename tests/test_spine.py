@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,17 +126,23 @@ def test_demo_prints_tokens_and_rate(golden_ckpts, build_model):
     assert default.stdout.startswith("tokens: ")
 
 
-def test_demo_threads_give_the_same_bits(golden_ckpts, build_model):
-    """The demos' pthread pool behind colibri_set_parallel: any thread count, the one-thread logits, bit for bit
-    (more threads than this machine's cores included: waiters then sleep instead of spinning)."""
-    out = build_model(golden_ckpts["mixtral_f16"], "int8c")
+def _thread_runs(out: Path, prompt: str, generate: int) -> dict[tuple[str, int], list[str]]:
+    """The tokens and logits lines of colibri_demo and colibri_run at 1, 2, 3 and 7 threads."""
     runs = {}
     for prog in ("colibri_demo", "colibri_run"):
         for threads in (1, 2, 3, 7):
             argv = [out / prog] + ([out / "model.bin"] if prog == "colibri_run" else [])
-            res = subprocess.run([*argv, "--tokens", "3,17,42,5", "--generate", "12", "--threads", str(threads),
+            res = subprocess.run([*argv, "--tokens", prompt, "--generate", str(generate), "--threads", str(threads),
                                   "--print-logits"], capture_output=True, text=True, check=True, timeout=120)
             runs[prog, threads] = [x for x in res.stdout.splitlines() if x.startswith(("tokens: ", "logits: "))]
+    return runs
+
+
+def test_demo_threads_give_the_same_bits(golden_ckpts, build_model):
+    """The demos' pthread pool behind colibri_set_parallel: any thread count, the one-thread logits, bit for bit
+    (more threads than this machine's cores included: waiters then sleep instead of spinning)."""
+    out = build_model(golden_ckpts["mixtral_f16"], "int8c")
+    runs = _thread_runs(out, "3,17,42,5", 12)
     first = runs["colibri_demo", 1]
     assert len(first) == 2
     for key, lines in runs.items():
@@ -147,14 +154,7 @@ def test_demo_threads_split_a_long_prompt_with_the_same_bits(golden_ckpts, build
     quantization) are then wide enough to be split over the threads by tokens, as the matmuls are by rows.
     Any thread count gives the one-thread tokens and logits, bit for bit, and so does colibri_run."""
     out = build_model(golden_ckpts["mixtral_f16"], "int8c", "host", "PREFILL_BLOCK=128", "MAX_SEQ=256")
-    prompt = ",".join(str((i * 37 + 5) % 320) for i in range(200))
-    runs = {}
-    for prog in ("colibri_demo", "colibri_run"):
-        for threads in (1, 2, 3, 7):
-            argv = [out / prog] + ([out / "model.bin"] if prog == "colibri_run" else [])
-            res = subprocess.run([*argv, "--tokens", prompt, "--generate", "8", "--threads", str(threads),
-                                  "--print-logits"], capture_output=True, text=True, check=True, timeout=120)
-            runs[prog, threads] = [x for x in res.stdout.splitlines() if x.startswith(("tokens: ", "logits: "))]
+    runs = _thread_runs(out, ",".join(str((i * 37 + 5) % 320) for i in range(200)), 8)
     first = runs["colibri_demo", 1]
     assert len(first) == 2 and len(first[0].split(",")) == 8
     for key, lines in runs.items():
