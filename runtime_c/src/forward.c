@@ -74,11 +74,10 @@ static void cb_rmsnorm(float *out, const float *x, const float *w, size_t n, flo
 typedef struct cb_tok_job {
     const colibri_ctx *c;
     size_t n, tasks, cols;
-    float *const *out;     /* norm: out[j] = rmsnorm(in[j]) * w; swiglu: gate rows, silu(gate) * up */
-    const float *const *in; /* norm: its input rows; swiglu: the up rows */
-    const float *w;        /* norm: its weight; NULL: swiglu */
-    float eps;
-    cb_xq *xq; /* then out[j] quantized into the xq buffer, NULL: not */
+    float *const *out;      /* norm: out[j] = rmsnorm(in[j]) * w; swiglu: gate rows, silu(gate) * up */
+    const float *const *in; /* norm: its input rows; swiglu: the up rows; NULL: only the quantization */
+    const float *w;         /* norm: its weight; NULL: swiglu */
+    cb_xq *xq;              /* then out[j] quantized into the xq buffer, NULL: not */
 } cb_tok_job;
 
 static void cb_tok_task(void *job, size_t i)
@@ -87,7 +86,7 @@ static void cb_tok_task(void *job, size_t i)
     const size_t j0 = t->n * i / t->tasks, j1 = t->n * (i + 1) / t->tasks;
     for (size_t j = j0; t->in && j < j1; j++)
         if (t->w)
-            cb_rmsnorm(t->out[j], t->in[j], t->w, t->cols, t->eps);
+            cb_rmsnorm(t->out[j], t->in[j], t->w, t->cols, t->c->m.rms_eps);
         else
             cb_silu_mul(t->out[j], t->in[j], t->cols); /* silu(gate) * up */
     if (t->xq)
@@ -96,31 +95,31 @@ static void cb_tok_task(void *job, size_t i)
 
 #define CB_PARALLEL_MIN_ELEMS 4096u /* per-token steps of fewer elements stay on the calling thread */
 
-static void cb_tok_run(const colibri_ctx *c, cb_tok_job *job)
+/* The step (cb_tok_job's fields) for the n tokens; with xq and integer matmuls, out's rows quantized as
+ * cb_quantize does (returned; else NULL). The job lives in this frame, not in its callers' (firmware: the
+ * stack bound follows the deepest path, which runs through those callers to the matmuls). */
+static const cb_xq *cb_tok_run(const colibri_ctx *c, size_t n, size_t cols, float *const *out,
+                               const float *const *in, const float *w, cb_xq *xq)
 {
+    cb_tok_job job = {c, n, 1, cols, out, in, w, c->m.xq_off ? xq : NULL};
 #ifndef COLIBRI_NO_PARALLEL /* (firmware: no indirect call, so the stack bound stays static) */
-    job->tasks = c->parallel_tasks < job->n ? c->parallel_tasks : job->n;
-    if (c->parallel_for && job->tasks > 1 && job->n * job->cols >= CB_PARALLEL_MIN_ELEMS) {
-        c->parallel_for(cb_tok_task, job, job->tasks, c->parallel_user);
-        return;
+    job.tasks = c->parallel_tasks < n ? c->parallel_tasks : n;
+    if (c->parallel_for && job.tasks > 1 && n * cols >= CB_PARALLEL_MIN_ELEMS) {
+        c->parallel_for(cb_tok_task, &job, job.tasks, c->parallel_user);
+        return job.xq;
     }
-#else
-    (void)c;
+    job.tasks = 1;
 #endif
-    job->tasks = 1;
-    cb_tok_task(job, 0);
+    cb_tok_task(&job, 0);
+    return job.xq;
 }
 
 /* The n rows x[j] of width cols quantized into the xq buffer (FORMAT.md "Integer matmuls"), for every
  * q8 matrix that takes them; NULL without integer matmuls (float activations).
  * The xq buffer holds one quantized row per token of a block: the rows stay valid until the next call. */
 static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, size_t n, size_t cols, cb_xq *xq)
-{
-    if (!c->m.xq_off) /* (a width of partial blocks is quantized too: int4 matrices take any) */
-        return NULL;
-    cb_tok_job job = {c, n, 1, cols, (float *const *)x, NULL, NULL, 0.0f, xq};
-    cb_tok_run(c, &job);
-    return xq;
+{ /* (a width of partial blocks is quantized too: int4 matrices take any) */
+    return cb_tok_run(c, n, cols, (float *const *)x, NULL, NULL, xq);
 }
 
 /* out[j] = rmsnorm(in[j]) * w for the n tokens; with xq, the out rows quantized as cb_quantize does
@@ -128,10 +127,7 @@ static const cb_xq *cb_quantize(const colibri_ctx *c, const float *const *x, siz
 static const cb_xq *cb_norm_rows(const colibri_ctx *c, float *const *out, float *const *in, const float *w,
                                  size_t n, size_t cols, cb_xq *xq)
 {
-    cb_xq *q = c->m.xq_off ? xq : NULL;
-    cb_tok_job job = {c, n, 1, cols, out, (const float *const *)in, w, c->m.rms_eps, q};
-    cb_tok_run(c, &job);
-    return q;
+    return cb_tok_run(c, n, cols, out, (const float *const *)in, w, xq);
 }
 
 /* One matmul of a group: y[j] = (accumulate ? y[j] : 0) + alpha[j] * W x[j] for the group's n tokens. */
@@ -476,9 +472,7 @@ static const cb_xq *cb_swiglu_rows(const colibri_ctx *c, float *const *g, float 
             cb_clamped_swiglu(g[j], u[j], w, x->alpha, x->limit);
         return cb_quantize(c, (const float *const *)g, n, w, xq);
     }
-    cb_tok_job job = {c, n, 1, w, g, (const float *const *)u, NULL, 0.0f, c->m.xq_off ? xq : NULL};
-    cb_tok_run(c, &job);
-    return job.xq;
+    return cb_tok_run(c, n, w, g, (const float *const *)u, NULL, xq);
 }
 
 static void cb_mlp_x(const colibri_ctx *c, size_t i, size_t n, const float *const *xb, float *gate, float *up,
