@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     for r in range(args.rounds):
         for name, command in cmds if r % 2 == 0 else cmds[::-1]:
-            res = subprocess.run(command, capture_output=True, text=True)
+            try:
+                res = subprocess.run(command, capture_output=True, text=True)
+            except OSError as e:
+                print(f"ab.py: {name}: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+                return 1
             if res.returncode != 0:
                 print(f"ab.py: {name} exited {res.returncode}: {res.stderr.strip()[-500:]}", file=sys.stderr)
                 return 1

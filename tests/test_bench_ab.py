@@ -55,6 +55,8 @@ def test_bad_arguments_exit_2_and_a_failing_command_exits_1(tmp_path):
         assert res.returncode == 2 and res.stderr.strip().startswith("ab.py:"), (bad, res.stderr)
     res = _ab("--key", "tok/s", "--rounds", "1", f"f={shlex.quote(sys.executable)} -c 'import sys; sys.exit(3)'")
     assert res.returncode == 1 and "f exited 3" in res.stderr
+    res = _ab("--key", "tok/s", "--rounds", "1", f"m={tmp_path / 'no-such-program'}")
+    assert res.returncode == 1 and "m: cannot run" in res.stderr and "Traceback" not in res.stderr
     silent = f"s={shlex.quote(sys.executable)} -c 'print(\"other: 3\")'"
     res = _ab("--key", "tok/s", "--rounds", "1", silent)
     assert res.returncode == 1 and "no 'tok/s: value' line" in res.stderr
