@@ -295,9 +295,12 @@ def test_bad_synth_arguments_are_one_line(tmp_path):
     one_line(colibri("synth", tmp_path / "s", "--heads", "3", "--hidden", "16"), "hidden 16")
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")  # the smallest pipe Linux makes
+
+
 def _big(tmp_path: Path) -> Path:
-    """Big enough that an export interrupted in layer 1 still has most of its work ahead (16 layers, 28 M
-    weights: about a second), so the signal always lands before it ends."""
+    """Big enough that an export interrupted in layer 1 still has most of its work and its output ahead
+    (16 layers, 28 M weights, ~39 KB of lines after layer 1 begins)."""
     return synth(tmp_path / "big", layers=16, hidden=192, ffn=384, heads=4, kv_heads=2, experts=8, top_k=2,
                  vocab=256, seed=5)
 
@@ -309,8 +312,12 @@ def test_interrupt_is_exit_130_and_leaves_the_output(ck, tmp_path):
     big = _big(tmp_path)
     # SIGINT at its default in the child: a suite started in the background by a non-interactive shell
     # inherits SIGINT ignored, and Python then leaves it ignored (the export would finish, exit 0)
+    # The export prints a line per tensor, ~39 KB after the first of layer 1; with the pipe at one page
+    # (and at most as much again in this reader's buffer) it blocks in a write long before it ends, however
+    # late this process gets to send the signal (with the default 64 KB pipe a loaded machine let it finish
+    # first, exit 0)
     proc = subprocess.Popen([str(BIN / "colibri"), "export", str(big), "-o", str(out), "--no-predict"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pipesize=PAGE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -337,7 +344,8 @@ def test_concurrent_exports_to_one_directory_both_succeed(ck, tmp_path):
     big = _big(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen([str(BIN / "colibri"), "export", str(big), "-o", str(out), "--no-predict"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             pipesize=PAGE)  # as above: it cannot finish before it is stopped
     second = None
     try:
         for line in first.stdout:  # the first is writing into its staging directory when this line comes
@@ -351,8 +359,8 @@ def test_concurrent_exports_to_one_directory_both_succeed(ck, tmp_path):
         waiting = second.stderr.readline() if ready else ""
         first.send_signal(signal.SIGCONT)
         assert "waiting for another export" in waiting, waiting
+        _, err1 = first.communicate(timeout=TIMEOUT)  # first: the second waits for it, and it for its reader
         _, err2 = second.communicate(timeout=TIMEOUT)
-        _, err1 = first.communicate(timeout=TIMEOUT)
     finally:
         for p in (first, second):
             if p is not None:

@@ -323,12 +323,16 @@ def test_export_killed_half_way_leaves_previous_output(tmp_path, previous):
     out = tmp_path / "out"
     shutil.copytree(previous, out)
     before = _snapshot(out)
-    big = synth(tmp_path / "big", layers=4, hidden=128, ffn=256, heads=4, kv_heads=2, experts=8, top_k=2,
+    big = synth(tmp_path / "big", layers=8, hidden=128, ffn=256, heads=4, kv_heads=2, experts=8, top_k=2,
                 vocab=256, seed=5)
+    # One line per tensor, ~18 KB of them after the one awaited; with the pipe at one page (and at most as
+    # much again in this reader's buffer) the export blocks in a write before it can end, however late
+    # this process gets to look at it.
     proc = subprocess.Popen([str(BIN / "colibri"), "export", str(big), "-o", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            pipesize=os.sysconf("SC_PAGE_SIZE"))
     try:
-        for line in proc.stdout:  # one line per tensor written: stop it in layer 1 of 4
+        for line in proc.stdout:  # one line per tensor written: stop it in layer 1 of 8
             if "layers.1.moe.experts.0.gate" in line:
                 break
         assert proc.poll() is None, "the export finished before it could be killed"
