@@ -130,16 +130,23 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
 
 #define CB_OUTL_PEND_PER_BLOCK 4u /* corrections added per block of the next tile (2-8 measured alike) */
 
+#define CB_OUTL_PEND_ROWS 16u /* rows of a tile at most (CB_TILE_ROWS, CB_Q4_ROWS) */
+#define CB_OUTL_MAGIC_SHIFT 40u
+
 /* One token's corrections of a tile applied a few at a time inside the next tile's pass (the decode path,
  * kernels_q8.c): while the weights stream, the core has time for them. The tile's sums in dot (dot[i]: row
  * first / cols + i), the walk at its next correction, the flat end of its rows. Each correction is added as
- * cb_outl_apply adds it and in the same order. Its row comes from a multiplication, not a loop:
- * (local + 0.5) / cols lies at least 0.5 / cols from an integer, far more than a double's rounding of a
- * product below 2^40. */
+ * cb_outl_apply adds it and in the same order. Its row is local / cols for its offset local in the tile,
+ * computed as (local * magic) >> 40 with magic = 2^40 / cols + 1 (rounded down), not by a loop or a
+ * division: magic * cols = 2^40 + e with 0 < e <= cols, so the product exceeds local / cols * 2^40 by
+ * local * e / cols < 2^40 / cols while local * cols < 2^40, which keeps it below the next integer. That
+ * holds for local < CB_OUTL_PEND_ROWS * cols when cols < 2^18; wider matrices divide (magic 0). (A double
+ * multiplication did this before: a chain of four conversions and float operations to every correction's
+ * load of x.) */
 typedef struct cb_outl_pend {
     cb_outl o;
     uint64_t first, end;
-    double inv_cols;
+    uint64_t magic;
     const float *x;
     float *dot;
     size_t row; /* the row of dot the last correction went to (SIZE_MAX: none yet in this tile) */
@@ -149,7 +156,9 @@ typedef struct cb_outl_pend {
 /* p at the walk o, its corrections to be added to x's dots; no tile yet */
 CB_OUTL_INLINE cb_outl_pend cb_outl_pend_start(const cb_tensor *t, cb_outl o, const float *x)
 {
-    cb_outl_pend p = {.o = o, .inv_cols = 1.0 / (double)t->cols, .x = x, .row = SIZE_MAX};
+    const uint64_t cols = t->cols;
+    cb_outl_pend p = {.o = o, .magic = cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0,
+                      .x = x, .row = SIZE_MAX};
     return p;
 }
 
@@ -174,11 +183,12 @@ CB_OUTL_INLINE void cb_outl_pend_run(const cb_tensor *t, cb_outl_pend *p, unsign
     size_t row = p->row;
     float sum = p->sum;
     for (unsigned s = 0; s < max && cb_outl_before(t, o, p->end); s++, o = cb_outl_step(t, o)) {
-        const int64_t local = (int64_t)(o.idx - p->first), i = (int64_t)(((double)local + 0.5) * p->inv_cols);
-        const float term = cb_f16_to_f32(t->oval[o.k]) * p->x[local - i * (int64_t)t->cols];
-        sum = ((size_t)i == row ? sum : p->dot[i]) + term;
+        const uint64_t local = o.idx - p->first;
+        const size_t i = (size_t)(p->magic ? (local * p->magic) >> CB_OUTL_MAGIC_SHIFT : local / t->cols);
+        const float term = cb_f16_to_f32(t->oval[o.k]) * p->x[local - (uint64_t)i * t->cols];
+        sum = (i == row ? sum : p->dot[i]) + term;
         p->dot[i] = sum;
-        row = (size_t)i;
+        row = i;
     }
     p->o = o;
     p->row = row;

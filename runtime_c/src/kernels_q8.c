@@ -27,6 +27,12 @@
 #include "arch/cortex-m/q4.h"
 #include "arch/scalar/q4.h"
 
+/* cb_outl_pend's row arithmetic holds for tiles of up to CB_OUTL_PEND_ROWS rows */
+_Static_assert(CB_TILE_ROWS <= CB_OUTL_PEND_ROWS, "a q8 tile the correction walk covers");
+#if defined(CB_Q4_ROWS)
+_Static_assert(CB_Q4_ROWS <= CB_OUTL_PEND_ROWS, "an int4 row group the correction walk covers");
+#endif
+
 /* The int4 matmul (kernels.h "int4 matmuls") with a given block dot: per row and token, the blocks in
  * order with the float steps of cb_matmul_q8_scalar, then cb_finish (corrections, alpha). */
 #define CB_MATMUL_Q4(name, dot32)                                                                          \
