@@ -140,9 +140,9 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
  * computed as (local * magic) >> 40 with magic = 2^40 / cols + 1 (rounded down), not by a loop or a
  * division: magic * cols = 2^40 + e with 0 < e <= cols, so the product exceeds local / cols * 2^40 by
  * local * e / cols < 2^40 / cols while local * cols < 2^40, which keeps it below the next integer. That
- * holds for local < CB_OUTL_PEND_ROWS * cols when cols < 2^18; wider matrices divide (magic 0). (A double
- * multiplication did this before: a chain of four conversions and float operations to every correction's
- * load of x.) */
+ * holds for local < CB_OUTL_PEND_ROWS * cols when cols < 2^18; wider matrices divide (magic 0), as would an
+ * empty one (cols 0), in whose tiles no correction lies, so nothing is divided. (A double multiplication
+ * did this before: a chain of four conversions and float operations to every correction's load of x.) */
 typedef struct cb_outl_pend {
     cb_outl o;
     uint64_t first, end;
@@ -157,8 +157,8 @@ typedef struct cb_outl_pend {
 CB_OUTL_INLINE cb_outl_pend cb_outl_pend_start(const cb_tensor *t, cb_outl o, const float *x)
 {
     const uint64_t cols = t->cols;
-    cb_outl_pend p = {.o = o, .magic = cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0,
-                      .x = x, .row = SIZE_MAX};
+    const uint64_t magic = cols && cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
+    cb_outl_pend p = {.o = o, .magic = magic, .x = x, .row = SIZE_MAX};
     return p;
 }
 
