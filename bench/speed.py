@@ -25,7 +25,9 @@ a warm-up run, mmap, its default flash-attention setting), avg_ts of each test.
 Each round runs, for every shape and thread count, every colibri target and llama-bench, then a streaming read
 of a 1 GiB buffer with 1 and with N threads (a small C program compiled -O3 -march=native); the order within
 a round alternates between rounds. Printed: per figure the median over rounds and the spread (min-max), the
-ratio to llama-bench's median, and decode's fraction of the streaming read measured in the same run
+ratio to llama-bench (the median and spread of the per-round ratios: each colibri run against the llama-bench
+run of the same round, shape and thread count, so drift in the machine's state between rounds cancels), and
+decode's fraction of the streaming read measured in the same run
 (weights read per decoded token, its expected value over top_k of n_experts routing, times tok/s, over
 GB/s). The CPU model and the load average before and after go with the figures: on a 2-core machine a figure
 taken while anything else runs is not a figure.
@@ -228,6 +230,12 @@ def med(xs: list[float]) -> str:
     return f"{statistics.median(xs):8.1f} [{min(xs):.1f}-{max(xs):.1f}]"
 
 
+def paired(xs: list[float], peer: list[float]) -> str:
+    """The median and spread of the per-round ratios xs[r] / peer[r]."""
+    rs = [x / p for x, p in zip(xs, peer, strict=True)]
+    return f"{statistics.median(rs):.2f} [{min(rs):.2f}-{max(rs):.2f}]"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", default=os.environ.get("PEER", "/tmp/peer"))
@@ -288,13 +296,13 @@ def main() -> int:
     for n in threads:
         xs = samples[("stream", n)]
         print(f"streaming read, {n} thread(s), 1 GiB: {med(xs)} GB/s")
-    print(f"\n{'shape':<10} {'T':>2} {'runner':<10} {'decode tok/s [min-max]':>26} {'x llama':>8} "
-          f"{'roofline':>8} {'prefill tok/s [min-max]':>28} {'x llama':>8}  tokens equal 1T")
+    print(f"\n{'shape':<10} {'T':>2} {'runner':<10} {'decode tok/s [min-max]':>26} {'x llama [min-max]':>18} "
+          f"{'roofline':>8} {'prefill tok/s [min-max]':>28} {'x llama [min-max]':>18}  tokens equal 1T")
     for s, sh in shapes.items():
         for n in threads:
             ll = samples[(s, n, "llama.cpp")]
-            ll_dec = statistics.median(x["decode"] for x in ll)
-            ll_pre = statistics.median(x["prefill"] for x in ll)
+            ll_dec = [x["decode"] for x in ll]
+            ll_pre = [x["prefill"] for x in ll]
             for name, _kind in runners:
                 xs = samples[(s, n, name)]
                 dec = [x["decode"] for x in xs]
@@ -302,8 +310,8 @@ def main() -> int:
                 roof = f"{statistics.median(dec) * sh['wpt'] / 1e9 / bw[n]:8.0%}" if name != "llama.cpp" else " " * 8
                 same = ("" if name == "llama.cpp" else
                         str(all(x["tokens"] == samples[(s, threads[0], name)][0]["tokens"] for x in xs)))
-                print(f"{s:<10} {n:>2} {name:<10} {med(dec):>26} {statistics.median(dec) / ll_dec:8.2f} "
-                      f"{roof} {med(pre):>28} {statistics.median(pre) / ll_pre:8.2f}  {same}")
+                print(f"{s:<10} {n:>2} {name:<10} {med(dec):>26} {paired(dec, ll_dec):>18} "
+                      f"{roof} {med(pre):>28} {paired(pre, ll_pre):>18}  {same}")
     print(f"\ngoal: decode >= {GOAL['decode']}x and prefill >= {GOAL['prefill']}x llama-bench; 288m decode >= "
           f"{GOAL['roofline']:.0%} of the streaming read at the same thread count ('roofline' = weights read per "
           f"token x tok/s / GB/s)")
