@@ -153,12 +153,22 @@ typedef struct cb_outl_pend {
     float sum;  /* dot[row] as it was last stored */
 } cb_outl_pend;
 
+/* The magic of a matrix cols wide (0: divide) */
+CB_OUTL_INLINE uint64_t cb_outl_magic(uint64_t cols)
+{
+    return cols && cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
+}
+
+/* local / cols, for local < CB_OUTL_PEND_ROWS * cols and magic = cb_outl_magic(cols) */
+CB_OUTL_INLINE size_t cb_outl_pend_row(uint64_t local, uint64_t cols, uint64_t magic)
+{
+    return (size_t)(magic ? (local * magic) >> CB_OUTL_MAGIC_SHIFT : local / cols);
+}
+
 /* p at the walk o, its corrections to be added to x's dots; no tile yet */
 CB_OUTL_INLINE cb_outl_pend cb_outl_pend_start(const cb_tensor *t, cb_outl o, const float *x)
 {
-    const uint64_t cols = t->cols;
-    const uint64_t magic = cols && cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
-    cb_outl_pend p = {.o = o, .magic = magic, .x = x, .row = SIZE_MAX};
+    cb_outl_pend p = {.o = o, .magic = cb_outl_magic(t->cols), .x = x, .row = SIZE_MAX};
     return p;
 }
 
@@ -184,7 +194,7 @@ CB_OUTL_INLINE void cb_outl_pend_run(const cb_tensor *t, cb_outl_pend *p, unsign
     float sum = p->sum;
     for (unsigned s = 0; s < max && cb_outl_before(t, o, p->end); s++, o = cb_outl_step(t, o)) {
         const uint64_t local = o.idx - p->first;
-        const size_t i = (size_t)(p->magic ? (local * p->magic) >> CB_OUTL_MAGIC_SHIFT : local / t->cols);
+        const size_t i = cb_outl_pend_row(local, t->cols, p->magic);
         const float term = cb_f16_to_f32(t->oval[o.k]) * p->x[local - (uint64_t)i * t->cols];
         sum = (i == row ? sum : p->dot[i]) + term;
         p->dot[i] = sum;

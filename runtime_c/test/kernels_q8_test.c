@@ -353,6 +353,36 @@ static int check_outl_walk(rng *r, size_t *cases)
     return 0;
 }
 
+/* The decode walk's row of a correction (cb_outl_pend_row: a multiply and shift for matrices narrower than
+ * 2^18 columns, a division beyond) against the division, across its whole range: for widths from 1 to
+ * past 2^18, at both sides of every row boundary of a 16-row tile (where a rounded-up reciprocal would
+ * land a row too far) and at random offsets in it. */
+static int check_pend_rows(rng *r, size_t *cases)
+{
+    static const uint64_t widths[] = {1, 2, 3, 7, 31, 32, 33, 100, 1000, 4095, 65535, 65536, 99991,
+                                      (1u << 18) - 1, 1u << 18, (1u << 18) + 1, 1000003};
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+        const uint64_t cols = widths[w], magic = cb_outl_magic(cols), span = CB_OUTL_PEND_ROWS * cols;
+        for (uint64_t k = 0; k <= CB_OUTL_PEND_ROWS; k++)
+            for (int d = -1; d <= 1; d++) {
+                const uint64_t local = k * cols + (uint64_t)(int64_t)d;
+                if ((d < 0 && k == 0) || local >= span)
+                    continue;
+                if (cb_outl_pend_row(local, cols, magic) != local / cols)
+                    return fail("pending correction's row", CB_OUTL_PEND_ROWS, (size_t)cols, 0, (size_t)(local / cols),
+                                0, (double)cb_outl_pend_row(local, cols, magic), (double)(local / cols));
+            }
+        for (int i = 0; i < 256; i++) {
+            const uint64_t hi = next(r), local = (hi << 32 | next(r)) % span;
+            if (cb_outl_pend_row(local, cols, magic) != local / cols)
+                return fail("pending correction's row", CB_OUTL_PEND_ROWS, (size_t)cols, 0, (size_t)(local / cols),
+                            0, (double)cb_outl_pend_row(local, cols, magic), (double)(local / cols));
+        }
+        ++*cases;
+    }
+    return 0;
+}
+
 int main(void)
 {
     static const size_t row_counts[] = {1, 5, 15, 16, 17, 31, 32, 48, 70};
@@ -360,7 +390,7 @@ int main(void)
     rng r = {0x9E3779B97F4A7C15ull};
     static acts a;
     size_t cases = 0, outputs = 0;
-    if (check_quantizer(&r) || check_outl_walk(&r, &cases))
+    if (check_quantizer(&r) || check_outl_walk(&r, &cases) || check_pend_rows(&r, &cases))
         return 1;
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
         for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)
