@@ -133,10 +133,17 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--quant", default="int8c")
     ap.add_argument("--rss-gb", type=float, default=4.0, help="size of the memory-figure checkpoint; 0: none")
-    ap.add_argument("--work", type=Path, help="directory for the checkpoints and exports (default: a temp dir)")
+    ap.add_argument("--work", type=Path, help="directory for the checkpoints and exports, made if missing "
+                    "(default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the synthesised checkpoints")
     args = ap.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
+    if args.work is not None:
+        try:
+            args.work.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"bench/export.py: --work {args.work}: {e.strerror}", file=sys.stderr)
+            sys.exit(2)
     print(f"cpu: {cpu_model()} x {os.cpu_count()}; load average before: {loadavg()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-export-", dir=args.work))
     try:
