@@ -46,6 +46,12 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+def paired(xs: list[float], base: list[float], digits: int = 3) -> str:
+    """The median and spread (min-max) of the per-round ratios xs[r] / base[r]."""
+    rs = [x / b for x, b in zip(xs, base, strict=True)]
+    return f"{statistics.median(rs):.{digits}f} [{min(rs):.{digits}f}-{max(rs):.{digits}f}]"
+
+
 def parse_commands(specs: list[str]) -> list[tuple[str, list[str]]]:
     """NAME=COMMAND arguments as (name, argv); ValueError names a malformed one."""
     cmds = []
@@ -93,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     first = figures[cmds[0][0]]
     width = max(len(name) for name, _ in cmds)
     for name, xs in figures.items():
-        ratios = [x / b for x, b in zip(xs, first, strict=True)]
         print(f"{name:{width}s}  {statistics.median(xs):10.2f} [{min(xs):.2f}-{max(xs):.2f}]"
-              f"  ratio {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
+              f"  ratio {paired(xs, first)}")
     print(f"rounds: {args.rounds}, CPU: {cpu_model()}, load average {load_before} -> {loadavg()}")
     return 0
 

@@ -47,6 +47,9 @@ from pathlib import Path
 
 from colibri.toolchain.scons.layout import output_dirs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import paired  # noqa: E402  (bench/ab.py: the per-round ratios)
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PEER_SCRIPT = ROOT.parent / "shared" / "peer" / "build_llamacpp.sh"
@@ -230,12 +233,6 @@ def med(xs: list[float]) -> str:
     return f"{statistics.median(xs):8.1f} [{min(xs):.1f}-{max(xs):.1f}]"
 
 
-def paired(xs: list[float], peer: list[float]) -> str:
-    """The median and spread of the per-round ratios xs[r] / peer[r]."""
-    rs = [x / p for x, p in zip(xs, peer, strict=True)]
-    return f"{statistics.median(rs):.2f} [{min(rs):.2f}-{max(rs):.2f}]"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", default=os.environ.get("PEER", "/tmp/peer"))
@@ -310,8 +307,8 @@ def main() -> int:
                 roof = f"{statistics.median(dec) * sh['wpt'] / 1e9 / bw[n]:8.0%}" if name != "llama.cpp" else " " * 8
                 same = ("" if name == "llama.cpp" else
                         str(all(x["tokens"] == samples[(s, threads[0], name)][0]["tokens"] for x in xs)))
-                print(f"{s:<10} {n:>2} {name:<10} {med(dec):>26} {paired(dec, ll_dec):>18} "
-                      f"{roof} {med(pre):>28} {paired(pre, ll_pre):>18}  {same}")
+                print(f"{s:<10} {n:>2} {name:<10} {med(dec):>26} {paired(dec, ll_dec, 2):>18} "
+                      f"{roof} {med(pre):>28} {paired(pre, ll_pre, 2):>18}  {same}")
     print(f"\ngoal: decode >= {GOAL['decode']}x and prefill >= {GOAL['prefill']}x llama-bench; 288m decode >= "
           f"{GOAL['roofline']:.0%} of the streaming read at the same thread count ('roofline' = weights read per "
           f"token x tok/s / GB/s)")

@@ -20,9 +20,9 @@ def _speed():
 
 def test_ratio_pairs_runs_by_round():
     # rounds: 100/50 = 2.0, 200/250 = 0.8, 300/150 = 2.0; the medians' ratio would be 200/150 = 1.33
-    assert _speed().paired([100.0, 200.0, 300.0], [50.0, 250.0, 150.0]) == "2.00 [0.80-2.00]"
+    assert _speed().paired([100.0, 200.0, 300.0], [50.0, 250.0, 150.0], 2) == "2.00 [0.80-2.00]"
 
 
 def test_ratio_refuses_unpaired_samples():
     with pytest.raises(ValueError):
-        _speed().paired([100.0, 200.0], [50.0])
+        _speed().paired([100.0, 200.0], [50.0], 2)

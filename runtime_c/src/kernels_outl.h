@@ -132,6 +132,7 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
 
 #define CB_OUTL_PEND_ROWS 16u /* rows of a tile at most (CB_TILE_ROWS, CB_Q4_ROWS) */
 #define CB_OUTL_MAGIC_SHIFT 40u
+#define CB_OUTL_MAGIC_COLS (1u << 18) /* widths below it take the multiply: CB_OUTL_PEND_ROWS * cols^2 < 2^40 */
 
 /* One token's corrections of a tile applied a few at a time inside the next tile's pass (the decode path,
  * kernels_q8.c): while the weights stream, the core has time for them. The tile's sums in dot (dot[i]: row
@@ -140,9 +141,10 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
  * computed as (local * magic) >> 40 with magic = 2^40 / cols + 1 (rounded down), not by a loop or a
  * division: magic * cols = 2^40 + e with 0 < e <= cols, so the product exceeds local / cols * 2^40 by
  * local * e / cols < 2^40 / cols while local * cols < 2^40, which keeps it below the next integer. That
- * holds for local < CB_OUTL_PEND_ROWS * cols when cols < 2^18; wider matrices divide (magic 0), as would an
- * empty one (cols 0), in whose tiles no correction lies, so nothing is divided. (A double multiplication
- * did this before: a chain of four conversions and float operations to every correction's load of x.) */
+ * holds for local < CB_OUTL_PEND_ROWS * cols when cols < CB_OUTL_MAGIC_COLS (2^18); wider matrices divide
+ * (magic 0), as would an empty one (cols 0), in whose tiles no correction lies, so nothing is divided.
+ * (A double multiplication did this before: a chain of four conversions and float operations to every
+ * correction's load of x.) */
 typedef struct cb_outl_pend {
     cb_outl o;
     uint64_t first, end;
@@ -156,7 +158,7 @@ typedef struct cb_outl_pend {
 /* The magic of a matrix cols wide (0: divide) */
 CB_OUTL_INLINE uint64_t cb_outl_magic(uint64_t cols)
 {
-    return cols && cols < (1u << 18) ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
+    return cols && cols < CB_OUTL_MAGIC_COLS ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
 }
 
 /* local / cols, for local < CB_OUTL_PEND_ROWS * cols and magic = cb_outl_magic(cols) */
