@@ -1,6 +1,6 @@
 """Quantization table for any checkpoint: colibri's formats against llama.cpp's, by KL to the f32 logits.
 
-    .venv/bin/python bench/quant_table.py CKPT [--llamacpp NAME] [--seqs 96] [--len 16]
+    .venv/bin/python bench/quant_table.py CKPT [--llamacpp NAME] [--seqs 96] [--len 16] [--by-class int8c]
 
 Every position of SEQS random sequences of LEN token ids (seed 0; 96 x 16 = 1,536 positions) is scored:
 mean KL divergence of each variant's next-token distribution from the f32 one, and top-1 agreement.
@@ -23,6 +23,12 @@ chance: the same int8 quantization with every scale 0.3% larger (the row "int8 s
 weight error; "flips" (colibri's rows: the numpy reference records its routing) is the share of
 positions whose experts differ from f32's in any layer, and "KL w/o flip" the mean over the others.
 
+--by-class QUANT adds, for each kind of matrix (attn.q, moe.experts.#.up, embed, ...: every layer's and
+expert's of that kind) and then for each layer (all its matrices), two rows with only those matrices in QUANT
+and every other weight f32: with integer activations where the runtime uses them ("int") and with float ones
+("float"). They say where a quantization's KL comes from, and whether its weights or its activations carry it
+(the mean KL of the rows does not add up to the full quantization's: a routing flip is all or nothing).
+
 --llamacpp NAME adds llama.cpp's Q8_0, Q4_0 and Q4_K_M rows from its own logits of
 $PEER/gguf/NAME-{f32,q8_0,q4_0,q4_k_m}.gguf (PEER defaults to /tmp/peer), made by
     ../shared/peer/build_llamacpp.sh --convert CKPT NAME Q4_0 Q4_K_M
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import struct
 import subprocess
@@ -56,7 +63,7 @@ from colibri.codegen.layout import is_q8  # noqa: E402
 from colibri.codegen.quantize import QuantTensor, default_outlier_frac  # noqa: E402
 from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
-from colibri.codegen.stream import quantize_tensor  # noqa: E402
+from colibri.codegen.stream import quantize_tensor, tensor_quant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (bench/speed.py: its builds and runs)
@@ -111,6 +118,28 @@ def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None =
         return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant,
                                calib).qt
     return q
+
+
+def only(quantizer: Callable[[str, np.ndarray], QuantTensor], members: set[str]
+         ) -> Callable[[str, np.ndarray], QuantTensor]:
+    """`quantizer` for the tensors in members, f32 for every other."""
+    keep = exporter_quantizer("f32")
+    return lambda name, w: (quantizer if name in members else keep)(name, w)
+
+
+def tensor_groups(names: list[str], quant: str) -> dict[str, set[str]]:
+    """The matrices an export with `quant` quantizes, grouped by kind (their layer and expert numbers as #:
+    "attn.q", "moe.experts.#.up", "embed") and then by layer ("layer 0": all of layer 0's): the --by-class
+    rows."""
+    matrices = [n for n in names if tensor_quant(n, quant) != "f32"]
+    kinds: dict[str, set[str]] = {}
+    layers: dict[str, set[str]] = {}
+    for n in matrices:
+        kinds.setdefault(re.sub(r"^layers\.#\.", "", re.sub(r"(?<=\.)\d+(?=\.)", "#", n)), set()).add(n)
+        m = re.match(r"layers\.(\d+)\.", n)
+        if m:
+            layers.setdefault(f"layer {m.group(1)}", set()).add(n)
+    return {**kinds, **dict(sorted(layers.items(), key=lambda kv: int(kv[0].split()[1])))}
 
 
 def calibrated(spec, weights: dict[str, np.ndarray], quant: str, attn_quant: str | None, seqs: np.ndarray,
@@ -274,6 +303,9 @@ def main() -> int:
                     "(seed 1, --len tokens each; 0: no such rows)")
     ap.add_argument("--jitter", type=float, default=0.003,
                     help="the noise-floor row: int8 with every scale times 1 + JITTER (0: no such row)")
+    ap.add_argument("--by-class", metavar="QUANT", default=None,
+                    help="also a row per kind of matrix and per layer with only those in QUANT (int8c, ...), "
+                         "the rest f32: where the KL comes from")
     a = ap.parse_args()
     c = open_checkpoint(a.ckpt)
     spec = c.spec
@@ -298,6 +330,17 @@ def main() -> int:
         logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
         flips = np.array([x != y for x, y in zip(base_routes, routes or base_routes, strict=True)])
         print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
+    if a.by_class:
+        print(f"only some matrices in {a.by_class}, the rest f32 (activations: int = integer where the runtime "
+              "makes them so, float = float)")
+        for group, members in tensor_groups(list(weights), a.by_class).items():
+            quantizer = only(exporter_quantizer(a.by_class), members)
+            for act, int_act in (("int", True), ("float", False)):
+                qw = QuantWeights(weights, quantizer, int_activations=int_act)
+                routes = []
+                logits = stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
+                flips = np.array([x != y for x, y in zip(base_routes, routes, strict=True)])
+                print(row(f"{group} {act}", qw.bits / n_weights, base, logits, flips), flush=True)
     cal_seqs = sequences(spec.vocab, a.calib_seqs, a.length, seed=1)
     for label, quant, attn in CALIB_VARIANTS if a.calib_seqs else ():
         smoothed, quantizer = calibrated(spec, weights, quant, attn, cal_seqs, max_seq)
