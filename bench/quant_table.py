@@ -320,35 +320,31 @@ def main() -> int:
           "decode tok/s: bench/speed.py")
     print(f"{'variant':<24} {'bits/w':>7} {'mean KL':>10} {'median KL':>10} {'top-1':>7} {'flips':>6} "
           f"{'KL w/o flip':>11}")
+    def measure(label: str, source: dict[str, np.ndarray], quantizer: Callable[[str, np.ndarray], QuantTensor],
+                int_act: bool = True) -> None:
+        """One row: the reference run on `source` as quantizer quantizes it (f32: the base logits)."""
+        qw = QuantWeights(source, quantizer, int_activations=int_act)
+        routes: list[tuple] = []
+        logits = base if label == "colibri f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
+        flips = np.array([x != y for x, y in zip(base_routes, routes or base_routes, strict=True)])
+        print(row(label, qw.bits / n_weights, base, logits, flips), flush=True)
+
     jitter = (("int8 scales x%.3f" % (1 + a.jitter), "int8", 0, True, None),) if a.jitter else ()
     for label, quant, g, int_act, attn in VARIANTS + jitter:
         quantizer = exporter_quantizer(quant, g, attn)
         if label.startswith("int8 scales"):
             quantizer = jittered(quantizer, 1 + a.jitter)
-        qw = QuantWeights(weights, quantizer, int_activations=int_act)
-        routes: list[tuple] = []
-        logits = base if quant == "f32" else stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
-        flips = np.array([x != y for x, y in zip(base_routes, routes or base_routes, strict=True)])
-        print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
+        measure("colibri " + label, weights, quantizer, int_act)
     if a.by_class:
         print(f"only some matrices in {a.by_class}, the rest f32 (activations: int = integer where the runtime "
               "makes them so, float = float)")
         for group, members in tensor_groups(list(weights), a.by_class).items():
-            quantizer = only(exporter_quantizer(a.by_class), members)
             for act, int_act in (("int", True), ("float", False)):
-                qw = QuantWeights(weights, quantizer, int_activations=int_act)
-                routes = []
-                logits = stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
-                flips = np.array([x != y for x, y in zip(base_routes, routes, strict=True)])
-                print(row(f"{group} {act}", qw.bits / n_weights, base, logits, flips), flush=True)
+                measure(f"{group} {act}", weights, only(exporter_quantizer(a.by_class), members), int_act)
     cal_seqs = sequences(spec.vocab, a.calib_seqs, a.length, seed=1)
     for label, quant, attn in CALIB_VARIANTS if a.calib_seqs else ():
         smoothed, quantizer = calibrated(spec, weights, quant, attn, cal_seqs, max_seq)
-        qw = QuantWeights(smoothed, quantizer)
-        routes = []
-        logits = stepwise(Reference(spec, qw, max_seq=max_seq), seqs, routes)
-        flips = np.array([x != y for x, y in zip(base_routes, routes, strict=True)])
-        print(row("colibri " + label, qw.bits / n_weights, base, logits, flips), flush=True)
+        measure("colibri " + label, smoothed, quantizer)
     for label, suffix in LLAMACPP if a.llamacpp else ():
         gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
         if not gguf.is_file() or not a.logits_tool.is_file():
