@@ -59,8 +59,9 @@ from pathlib import Path
 import numpy as np
 
 from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
+from colibri.codegen.errors import ExportError  # noqa: E402
 from colibri.codegen.layout import is_q8  # noqa: E402
-from colibri.codegen.quantize import QuantTensor, default_outlier_frac  # noqa: E402
+from colibri.codegen.quantize import QUANTS, QuantTensor, default_outlier_frac  # noqa: E402
 from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
 from colibri.codegen.stream import quantize_tensor, tensor_quant  # noqa: E402
@@ -303,7 +304,7 @@ def main() -> int:
                     "(seed 1, --len tokens each; 0: no such rows)")
     ap.add_argument("--jitter", type=float, default=0.003,
                     help="the noise-floor row: int8 with every scale times 1 + JITTER (0: no such row)")
-    ap.add_argument("--by-class", metavar="QUANT", default=None,
+    ap.add_argument("--by-class", metavar="QUANT", default=None, choices=QUANTS,
                     help="also a row per kind of matrix and per layer with only those in QUANT (int8c, ...), "
                          "the rest f32: where the KL comes from")
     a = ap.parse_args()
@@ -320,6 +321,7 @@ def main() -> int:
           "decode tok/s: bench/speed.py")
     print(f"{'variant':<24} {'bits/w':>7} {'mean KL':>10} {'median KL':>10} {'top-1':>7} {'flips':>6} "
           f"{'KL w/o flip':>11}")
+
     def measure(label: str, source: dict[str, np.ndarray], quantizer: Callable[[str, np.ndarray], QuantTensor],
                 int_act: bool = True) -> None:
         """One row: the reference run on `source` as quantizer quantizes it (f32: the base logits)."""
@@ -367,4 +369,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ExportError as e:  # a checkpoint that cannot be read: one line naming the file
+        print(e, file=sys.stderr)
+        sys.exit(2)

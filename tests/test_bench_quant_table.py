@@ -57,3 +57,17 @@ def test_every_row_measures_a_quantization(table):
     # activations only enter where the runtime makes them integer: not in the embedding's lookup
     assert table["embed int"] == table["embed float"]
     assert table["attn.q int"] != table["attn.q float"]
+
+
+def test_a_directory_without_a_checkpoint_is_one_line(tmp_path):
+    res = subprocess.run([sys.executable, str(TABLE), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and str(tmp_path / "config.json") in res.stderr, res.stderr
+    assert res.stdout == ""
+
+
+def test_an_unknown_quantization_is_refused(tmp_path):
+    res = subprocess.run([sys.executable, str(TABLE), str(tmp_path), "--by-class", "int7"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "int7" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert res.stdout == ""
