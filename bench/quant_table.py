@@ -61,16 +61,17 @@ import numpy as np
 from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
 from colibri.codegen.errors import ExportError  # noqa: E402
 from colibri.codegen.layout import is_q8  # noqa: E402
-from colibri.codegen.quantize import QUANTS, QuantTensor, default_outlier_frac  # noqa: E402
+from colibri.codegen.quantize import QUANTS, QuantTensor, default_outlier_frac, quantize_int16  # noqa: E402
 from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
-from colibri.codegen.stream import quantize_tensor, tensor_quant  # noqa: E402
+from colibri.codegen.stream import attn_scope, quantize_tensor, tensor_quant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (bench/speed.py: its builds and runs)
 from speed import DECODE, ROOT  # noqa: E402
 
 PEER = Path(os.environ.get("PEER", "/tmp/peer"))
+LABEL_WIDTH = 34  # the table's first column: "colibri int8c attn=int16:1 (numpy)"
 LLAMACPP = (("f32", "f32"), ("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_K_M", "q4_k_m"))
 # (label, quant, group_size, integer activations, attn_quant)
 VARIANTS = (("f32", "f32", 0, False, None), ("f16", "f16", 0, False, None), ("int8", "int8", 0, True, None),
@@ -93,6 +94,7 @@ class QuantWeights(dict):
                  activations: Callable[[np.ndarray], np.ndarray] = quantize_q8) -> None:
         super().__init__()
         self._q8: set[str] = set()
+        self._q16: set[str] = set()
         self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.bits = 0
         self.quantize_activations = activations
@@ -102,11 +104,16 @@ class QuantWeights(dict):
             self[name] = qt.dequantize().reshape(w.shape)
             if int_activations and name != "embed" and is_q8(qt.dtype, qt.cols, qt.group_size):
                 self._q8.add(name)
+            if int_activations and name != "embed" and qt.dtype == "int16":
+                self._q16.add(name)
             if qt.n_outliers:
                 self._corr[name] = (qt.oidx.astype(np.int64), qt.oval.astype(np.float32))
 
     def q8(self, name: str) -> bool:
         return name in self._q8
+
+    def q16(self, name: str) -> bool:
+        return name in self._q16
 
     def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         return self._corr.get(name)
@@ -119,6 +126,17 @@ def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None =
         return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant,
                                calib).qt
     return q
+
+
+def int16_scoped(attn_quant: str) -> Callable[[str, np.ndarray], QuantTensor]:
+    """int8c as `colibri export --attn-quant attn_quant` leaves it, with the matrices that option would give its
+    quantization (the embedding and the first LAYERS layers' attention) in int16 with 14-bit activations
+    instead: the numpy definition of an integer 16-bit path (quantize.quantize_int16), which the blob and the
+    runtime do not have yet."""
+    rest = exporter_quantizer("int8c", 0, attn_quant)
+    scoped = attn_scope(attn_quant)[0]
+    return lambda name, w: (quantize_int16(w) if tensor_quant(name, "int8c", attn_quant) == scoped
+                            else rest(name, w))
 
 
 def only(quantizer: Callable[[str, np.ndarray], QuantTensor], members: set[str]
@@ -203,7 +221,7 @@ def row(label: str, bits: float, base: np.ndarray, logits: np.ndarray, flips: np
     top1 = float(np.mean(base.argmax(-1) == logits.argmax(-1)))
     tail = ("      —           —" if flips is None else
             f" {np.mean(flips):6.1%} {np.mean(kl[~flips]) if (~flips).any() else 0.0:11.3e}")
-    return f"{label:<24} {bits:7.3f} {np.mean(kl):10.3e} {np.median(kl):10.3e} {top1:7.2%}{tail}"
+    return f"{label:<{LABEL_WIDTH}} {bits:7.3f} {np.mean(kl):10.3e} {np.median(kl):10.3e} {top1:7.2%}{tail}"
 
 
 def llamacpp_logits(tool: Path, gguf: Path, seqs: np.ndarray) -> np.ndarray:
@@ -287,7 +305,7 @@ def speed_table(runs: dict[str, Callable[[], float]], rounds: int) -> None:
         for label in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
             got[label].append(runs[label]())
     for label, xs in got.items():
-        print(f"{label:<24} {statistics.median(xs):9.1f} [{min(xs):.1f}-{max(xs):.1f}]")
+        print(f"{label:<{LABEL_WIDTH}} {statistics.median(xs):9.1f} [{min(xs):.1f}-{max(xs):.1f}]")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
@@ -319,7 +337,7 @@ def main() -> int:
     base = stepwise(Reference(spec, weights, max_seq=max_seq), seqs, base_routes)
     print(f"checkpoint {a.ckpt}: {n_weights:,} weights, {len(base)} positions ({a.seqs} x {a.length}); "
           "decode tok/s: bench/speed.py")
-    print(f"{'variant':<24} {'bits/w':>7} {'mean KL':>10} {'median KL':>10} {'top-1':>7} {'flips':>6} "
+    print(f"{'variant':<{LABEL_WIDTH}} {'bits/w':>7} {'mean KL':>10} {'median KL':>10} {'top-1':>7} {'flips':>6} "
           f"{'KL w/o flip':>11}")
 
     def measure(label: str, source: dict[str, np.ndarray], quantizer: Callable[[str, np.ndarray], QuantTensor],
@@ -337,6 +355,7 @@ def main() -> int:
         if label.startswith("int8 scales"):
             quantizer = jittered(quantizer, 1 + a.jitter)
         measure("colibri " + label, weights, quantizer, int_act)
+    measure("colibri int8c attn=int16:1 (numpy)", weights, int16_scoped("f16:1"))
     if a.by_class:
         print(f"only some matrices in {a.by_class}, the rest f32 (activations: int = integer where the runtime "
               "makes them so, float = float)")
@@ -350,7 +369,7 @@ def main() -> int:
     for label, suffix in LLAMACPP if a.llamacpp else ():
         gguf = PEER / "gguf" / f"{a.llamacpp}-{suffix}.gguf"
         if not gguf.is_file() or not a.logits_tool.is_file():
-            print(f"{'llama.cpp ' + label:<22} not run: no {gguf if not gguf.is_file() else a.logits_tool}")
+            print(f"{'llama.cpp ' + label:<{LABEL_WIDTH}} not run: no {gguf if not gguf.is_file() else a.logits_tool}")
             continue
         bits = 8 * gguf_tensor_bytes(gguf) / n_weights
         print(row("llama.cpp " + label, bits, base, llamacpp_logits(a.logits_tool, gguf, seqs)), flush=True)

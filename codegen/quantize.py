@@ -57,16 +57,20 @@ SAMPLE_MIN_ROWS = 256  # from this many rows on, the sample is every 16th row
 # --calib: an input column's error weighs (E[x^2] / its mean over the columns)^CALIB_ALPHA + CALIB_FLOOR
 CALIB_ALPHA = 1.0
 CALIB_FLOOR = 0.05
+# int16 (numpy definition only; the blob and the runtime do not have it yet): 14-bit values in int16, one f32
+# scale per row, multiplied with activations quantized to the same range per block of 32 (reference.quantize_q16).
+# 14 bits so that a block's integer dot fits int32 on every ISA: 32 * 8191^2 = 2,146,959,392 < 2^31.
+INT16_QMAX = 8191
 
 
 @dataclass
 class QuantTensor:
     """One quantized matrix, shape (rows, cols); vectors are stored as 1 x n."""
 
-    dtype: str  # "f32" | "f16" | "int8" | "int8c" | "int4" | "int4c"
+    dtype: str  # "f32" | "f16" | "int8" | "int8c" | "int4" | "int4c" | "int16" (quantize_int16)
     rows: int
     cols: int
-    data: np.ndarray  # (rows, cols): float32, float16 or int8 (int4: values in [-8, 7], packed by the blob)
+    data: np.ndarray  # (rows, cols): float32, float16, int8 (int4: values in [-8, 7], packed by the blob) or int16
     group_size: int = 0  # inputs per scale; == cols for per-row
     scales: np.ndarray | None = None  # (rows, n_groups) float16 or float32
     oidx: np.ndarray | None = None  # uint32 flat indices, strictly increasing
@@ -121,7 +125,7 @@ class QuantTensor:
 
     def payload_bits(self) -> int:
         """Bits of weights, scales and corrections (row padding excluded)."""
-        elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8, "int4": 4, "int4c": 4}[self.dtype]
+        elem = {"f32": 32, "f16": 16, "int8": 8, "int8c": 8, "int4": 4, "int4c": 4, "int16": 16}[self.dtype]
         bits = elem * self.rows * self.cols
         if self.scales is not None:
             bits += self.scales.dtype.itemsize * 8 * self.scales.size
@@ -129,6 +133,19 @@ class QuantTensor:
 
     def bits_per_weight(self) -> float:
         return self.payload_bits() / (self.rows * self.cols)
+
+
+def quantize_int16(w: np.ndarray) -> QuantTensor:
+    """w (rows, cols, or a vector as 1 x n) as int16: per row, scale = max|w| / INT16_QMAX in float32 and
+    q = round-half-even(w / scale) in [-INT16_QMAX, INT16_QMAX]; an all-zero row has scale 0 and q 0."""
+    w2 = np.asarray(w, dtype=np.float32).reshape(-1, w.shape[-1] if w.ndim else 1)
+    amax = np.max(np.abs(w2), axis=1, keepdims=True)
+    scale = (amax / np.float32(INT16_QMAX)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale > 0, np.rint(w2 / np.where(scale > 0, scale, np.float32(1))), 0)
+    q = np.clip(q, -INT16_QMAX, INT16_QMAX).astype(np.int16)
+    rows, cols = w2.shape
+    return QuantTensor("int16", rows, cols, q, group_size=cols, scales=scale)
 
 
 def encode_outliers(oidx: np.ndarray, oval: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

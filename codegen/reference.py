@@ -16,6 +16,7 @@ import numpy as np
 
 from . import rope
 from .format import KV_DTYPES
+from .quantize import INT16_QMAX
 from .spec import ModelSpec, canonical_names
 
 F32 = np.float32
@@ -145,9 +146,9 @@ class LazyWeights:
         return arr
 
 
-def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
-    """x as the C runtime's integer matmuls see it (kernels.h cb_quantize_q8), dequantized: per block of
-    `block` values, round-half-away(x * 127 / max|x|) * (max|x| / 127), in the C code's float32 steps."""
+def _quantize_blocks(x: np.ndarray, block: int, qmax: int) -> np.ndarray:
+    """Per block of `block` values, round-half-away(x * qmax / max|x|) * (max|x| / qmax), in the C code's
+    float32 steps; a last partial block is quantized alone (zero-padded)."""
     x = np.asarray(x, dtype=F32).reshape(-1)
     n = x.size
     if n % block:  # a last partial block (int4 matrices of any width): its values alone, as the C code does
@@ -156,11 +157,23 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
     amax = np.max(np.abs(b), axis=1)
     amax = np.where(amax >= F32(2.0**-100), amax, F32(0.0)).astype(F32)  # a block this small is zero
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(amax > 0, F32(127.0) / amax, F32(0.0)).astype(F32)
+        inv = np.where(amax > 0, F32(qmax) / amax, F32(0.0)).astype(F32)
     f = b * inv[:, None]
     f = f + np.where(f >= 0, F32(0.5), F32(-0.5))
-    q = np.clip(np.trunc(np.nan_to_num(f, nan=0.0)), -127, 127).astype(F32)
-    return (q * (amax / F32(127.0))[:, None]).reshape(-1)[:n]
+    q = np.clip(np.trunc(np.nan_to_num(f, nan=0.0)), -qmax, qmax).astype(F32)
+    return (q * (amax / F32(qmax))[:, None]).reshape(-1)[:n]
+
+
+def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x as the C runtime's integer matmuls see it (kernels.h cb_quantize_q8), dequantized: per block of
+    `block` values, round-half-away(x * 127 / max|x|) * (max|x| / 127), in the C code's float32 steps."""
+    return _quantize_blocks(x, block, 127)
+
+
+def quantize_q16(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x as an int16 matrix (quantize.quantize_int16) takes it, dequantized: the steps of quantize_q8 with
+    INT16_QMAX in place of 127 (numpy definition only: the runtime has no int16 kernels yet)."""
+    return _quantize_blocks(x, block, INT16_QMAX)
 
 
 def kv_round(x: np.ndarray, kv: str) -> np.ndarray:
@@ -219,6 +232,7 @@ class Reference:
         # a blob's weights say which matrices the runtime multiplies with int8 activations, and where the
         # int8c corrections are (those multiply the float activations): the reference then does the same
         self._q8 = getattr(weights, "q8", None)
+        self._q16 = getattr(weights, "q16", None)  # int16 matrices: 14-bit activations (quantize_q16)
         self._corrections = getattr(weights, "corrections", None)
         self._quantize_activations = getattr(weights, "quantize_activations", quantize_q8)
         self._corr_cache: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
@@ -234,6 +248,8 @@ class Reference:
     def _mm(self, name: str, x: np.ndarray) -> np.ndarray:
         """W x, as the runtime computes it: int8 activations for its q8 matrices (corrections excepted)."""
         w = self.w[name]
+        if self._q16 is not None and self._q16(name):
+            return w @ quantize_q16(x)
         if self._q8 is None or not self._q8(name):
             return w @ x
         xq = self._quantize_activations(x)
