@@ -61,22 +61,23 @@ import numpy as np
 from colibri.codegen.checkpoint import open_checkpoint  # noqa: E402
 from colibri.codegen.errors import ExportError  # noqa: E402
 from colibri.codegen.layout import is_q8  # noqa: E402
-from colibri.codegen.quantize import QUANTS, QuantTensor, default_outlier_frac, quantize_int16  # noqa: E402
+from colibri.codegen.quantize import QUANTS, QuantTensor, default_outlier_frac  # noqa: E402
 from colibri.codegen.reference import Reference, quantize_q8  # noqa: E402
 from colibri.codegen.spec import canonical_names  # noqa: E402
-from colibri.codegen.stream import attn_scope, quantize_tensor, tensor_quant  # noqa: E402
+from colibri.codegen.stream import quantize_tensor, tensor_quant  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (bench/speed.py: its builds and runs)
 from speed import DECODE, ROOT  # noqa: E402
 
 PEER = Path(os.environ.get("PEER", "/tmp/peer"))
-LABEL_WIDTH = 34  # the table's first column: "colibri int8c attn=int16:1 (numpy)"
+LABEL_WIDTH = 27  # the table's first column: "colibri int4c attn=int8c calib"
 LLAMACPP = (("f32", "f32"), ("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_K_M", "q4_k_m"))
 # (label, quant, group_size, integer activations, attn_quant)
 VARIANTS = (("f32", "f32", 0, False, None), ("f16", "f16", 0, False, None), ("int8", "int8", 0, True, None),
             ("int8c", "int8c", 0, True, None), ("int8c act=float", "int8c", 0, False, None),
             ("int8c attn=f16", "int8c", 0, True, "f16"), ("int8c attn=f16:1", "int8c", 0, True, "f16:1"),
+            ("int8c attn=int16:1", "int8c", 0, True, "int16:1"),
             ("int4", "int4", 0, True, None), ("int4c", "int4c", 0, True, None),
             ("int4c attn=int8c", "int4c", 0, True, "int8c"))
 # the same, calibrated as `colibri export --calib` calibrates (codegen/smooth.py, codegen/calibrate.py) on
@@ -126,17 +127,6 @@ def exporter_quantizer(quant: str, group_size: int = 0, attn_quant: str | None =
         return quantize_tensor({name: w}, name, quant, group_size, default_outlier_frac(quant), attn_quant,
                                calib).qt
     return q
-
-
-def int16_scoped(attn_quant: str) -> Callable[[str, np.ndarray], QuantTensor]:
-    """int8c as `colibri export --attn-quant attn_quant` leaves it, with the matrices that option would give its
-    quantization (the embedding and the first LAYERS layers' attention) in int16 with 14-bit activations
-    instead: the numpy definition of an integer 16-bit path (quantize.quantize_int16), which the blob and the
-    runtime do not have yet."""
-    rest = exporter_quantizer("int8c", 0, attn_quant)
-    scoped = attn_scope(attn_quant)[0]
-    return lambda name, w: (quantize_int16(w) if tensor_quant(name, "int8c", attn_quant) == scoped
-                            else rest(name, w))
 
 
 def only(quantizer: Callable[[str, np.ndarray], QuantTensor], members: set[str]
@@ -355,7 +345,6 @@ def main() -> int:
         if label.startswith("int8 scales"):
             quantizer = jittered(quantizer, 1 + a.jitter)
         measure("colibri " + label, weights, quantizer, int_act)
-    measure("colibri int8c attn=int16:1 (numpy)", weights, int16_scoped("f16:1"))
     if a.by_class:
         print(f"only some matrices in {a.by_class}, the rest f32 (activations: int = integer where the runtime "
               "makes them so, float = float)")

@@ -13,7 +13,7 @@ from .layout import is_q8, padded_rows, unpack_int4, untile, untile_scales
 from .spec import ModelSpec, canonical_shape
 
 _NP_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "int8": np.dtype("i1"), "int8c": np.dtype("i1"),
-             "int4": np.dtype("u1"), "int4c": np.dtype("u1")}
+             "int4": np.dtype("u1"), "int4c": np.dtype("u1"), "int16": np.dtype("<i2")}
 _SCALE_DTYPES = {fmt.SCALE_DTYPES["f32"]: np.dtype("<f4"), fmt.SCALE_DTYPES["f16"]: np.dtype("<f2")}
 
 
@@ -33,6 +33,11 @@ class BlobWeights:
         """Whether the runtime multiplies this matrix with int8 activations (FORMAT.md "Integer matmuls")."""
         e = self.entries.get(name)
         return e is not None and self.q8_blob and is_q8(fmt.DTYPE_NAMES[e["dtype"]], e["cols"], e["group_size"])
+
+    def q16(self, name: str) -> bool:
+        """Whether the runtime multiplies this matrix with 14-bit activations (FORMAT.md "int16")."""
+        e = self.entries.get(name)
+        return e is not None and fmt.DTYPE_NAMES.get(e["dtype"]) == "int16"
 
     def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The int8c corrections as (flat index, f32 value), or None."""

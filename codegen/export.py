@@ -20,7 +20,7 @@ from .blobview import BlobWeights
 from .checkpoint import open_checkpoint
 from .emit import c_identifier, render_sources, staged_dir, unnamed_file
 from .errors import ExportError
-from .format import KV_DTYPES, blob_names, feature_flags, flags_not_run, tensor_fields
+from .format import KV_DTYPES, Q8_BLOCK, blob_names, feature_flags, flags_not_run, tensor_fields
 from .layout import DEFAULT_LAYOUT, LAYOUTS, uses_q8
 from .plan import MAX_PREFILL_BLOCK, mla_cache_bytes, plan_arena
 from .progress import tensor_progress
@@ -28,7 +28,16 @@ from .quantize import DEFAULT_QUANT, INT4_QUANTS, MAX_OUTLIER_FRAC, QUANTS, Quan
 from .reference import Reference, WeightSource, rope_inv_freq
 from .safeio import read_json
 from .spec import ModelSpec, canonical_names, canonical_shape
-from .stream import attn_scope, has_int4, matrix_quants, parse_attn_quant, pool_workers, quantize_all
+from .stream import (
+    attn_scope,
+    has_int4,
+    has_int16,
+    matrix_quants,
+    parse_attn_quant,
+    pool_workers,
+    quantize_all,
+    tensor_quant,
+)
 from .tokenizer import load_tokenizer, pack
 
 DEFAULT_MAX_SEQ_CAP = 256
@@ -183,6 +192,11 @@ def _validate_options(ckpt_dir: Path, spec: ModelSpec, opts: ExportOptions
     if attn_scope(opts.attn_quant)[0] in INT4_QUANTS and not opts.int8_activations:
         raise ExportError(ckpt_dir, f"--attn-quant {opts.attn_quant} has integer-activation kernels only "
                                     "(drop --float-activations)")
+    for name in canonical_names(spec) if has_int16(opts.quant, opts.attn_quant) else ():
+        cols = canonical_shape(spec, name)[-1]
+        if tensor_quant(name, opts.quant, opts.attn_quant) == "int16" and cols % Q8_BLOCK:
+            raise ExportError(ckpt_dir, f"int16: {name} is {cols} wide, and int16 matrices take whole blocks of "
+                                        f"{Q8_BLOCK} inputs (use f16 for it)")
     if not 0.0 <= opts.outlier_frac <= MAX_OUTLIER_FRAC:
         raise ExportError(ckpt_dir, f"--outlier-frac {opts.outlier_frac} outside [0, {MAX_OUTLIER_FRAC}]")
     if opts.quant in INT4_QUANTS and not opts.int8_activations:
@@ -395,7 +409,7 @@ def export(
             "chat_prefix": list(chat["prefix"].encode("utf-8")) if chat else [],
             "chat_suffix": list(chat["suffix"].encode("utf-8")) if chat else [],
             "flags": blob_flags(spec, plan, writer.tokenizer),
-            "int4": has_int4(opts.quant, opts.attn_quant),
+            "int4": has_int4(opts.quant, opts.attn_quant), "int16": has_int16(opts.quant, opts.attn_quant),
             "sampling": sampling.c_values(sample_cfg), "sampling_stop": sampling.c_stop(sample_cfg),
         })
     report(_summary(manifest, src_bytes, export_s))

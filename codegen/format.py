@@ -130,14 +130,15 @@ ENTRY: tuple[Field, ...] = (
     Field("expert", 4, "u16", "0 for non-expert tensors"),
     Field("dtype", 6, "u8", "1 = F32, 2 = F16, 3 = I8, 4 = I8C, 5 = I4, 6 = I4C (see \"int4\"); 7 = U8 (raw bytes: "
                             "the TOKENIZER and PARAMS entries only, whose rows are its bytes, cols 1, row_stride 1); "
+                            "8 = I16 (see \"int16\"); "
                             "a code above the runtime's last: `COLIBRI_E_DTYPE`"),
-    Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C / I4 / I4C only)"),
+    Field("scale_dtype", 7, "u8", "0 none, 1 = F32, 2 = F16 (I8 / I8C / I4 / I4C only); I16: F32"),
     Field("rows", 8, "u32", "outputs"),
     Field("cols", 12, "u32", "inputs"),
     Field("row_stride", 16, "u32", "bytes from one row to the next, ≥ cols·elem (I4/I4C: ≥ 16·ceil(cols/32)), "
                                    "multiple of 16"),
     Field("group_size", 20, "u32", "inputs per scale (divides into ceil(cols/group_size) groups; = cols for "
-                                   "per-row; I4/I4C: 32)"),
+                                   "per-row; I4/I4C: 32; I16: cols)"),
     Field("n_outliers", 24, "u32", "I8C and I4C only, else 0"),
     Field("reserved", 28, "u32", "0"),
     Field("data_off", 32, "u64", "rows·row_stride bytes of weights (padding bytes are zero); tiled: padded "
@@ -332,11 +333,14 @@ def read_params(data: bytes, n_layers: int, flags: int) -> list[tuple[Param, int
     return out
 
 
-DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6}
+DTYPES = {"f32": 1, "f16": 2, "int8": 3, "int8c": 4, "int4": 5, "int4c": 6, "int16": 8}  # 7: BYTES_DTYPE
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1}  # int4: see int4_row_bytes
+ELEM_BYTES = {"f32": 4, "f16": 2, "int8": 1, "int8c": 1, "int16": 2}  # int4: see int4_row_bytes
 INT4_DTYPES = ("int4", "int4c")  # two values a byte, one scale a Q8_BLOCK, integer matmuls only
 INT4_BLOCK_BYTES = Q8_BLOCK // 2
+# I16 (FORMAT.md "int16"): 14-bit values and activations, so a block's integer dot fits int32 on every ISA
+INT16_MAX = 8191
+assert Q8_BLOCK * INT16_MAX**2 < 2**31
 
 
 def int4_row_bytes(cols: int) -> int:

@@ -92,6 +92,7 @@ def c_header() -> str:
     add(f"#define CB_DTYPE_LAST {max(fmt.DTYPES.values())}u /* codes above: formats this runtime lacks */")
     add(f"#define CB_BYTES_DTYPE {fmt.BYTES_DTYPE}u /* U8: raw bytes, the TOKENIZER and PARAMS entries only */")
     add(f"#define CB_INT4_BLOCK_BYTES {fmt.INT4_BLOCK_BYTES}u /* an int4 row: this many bytes a Q8 block */")
+    add(f"#define CB_INT16_MAX {fmt.INT16_MAX} /* an int16 value's and activation's largest magnitude */")
     add("")
     add("/* the parameters section (FORMAT.md \"Parameters\"): records of {u16 key, u16 index, u32 value} */")
     add(f"#define CB_PARAM_RECORD_BYTES {fmt.PARAM_RECORD.size}u")

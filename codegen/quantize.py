@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-QUANTS = ("f32", "f16", "int8", "int8c", "int4", "int4c")  # the choices of --quant and QUANT=
+from .format import INT16_MAX, Q8_BLOCK
+
+QUANTS = ("f32", "f16", "int8", "int8c", "int4", "int4c", "int16")  # the choices of --quant and QUANT=
 DEFAULT_QUANT = "int8c"  # what `colibri export` and `colibri build` use unless told
 DEFAULT_OUTLIER_FRAC = 0.005
 MAX_OUTLIER_FRAC = 0.1  # the largest --outlier-frac taken
@@ -57,10 +59,11 @@ SAMPLE_MIN_ROWS = 256  # from this many rows on, the sample is every 16th row
 # --calib: an input column's error weighs (E[x^2] / its mean over the columns)^CALIB_ALPHA + CALIB_FLOOR
 CALIB_ALPHA = 1.0
 CALIB_FLOOR = 0.05
-# int16 (numpy definition only; the blob and the runtime do not have it yet): 14-bit values in int16, one f32
-# scale per row, multiplied with activations quantized to the same range per block of 32 (reference.quantize_q16).
-# 14 bits so that a block's integer dot fits int32 on every ISA: 32 * 8191^2 = 2,146,959,392 < 2^31.
-INT16_QMAX = 8191
+# int16 (FORMAT.md "int16"): 14-bit values in int16, one f32 scale per row, multiplied with activations quantized
+# to the same range per block of Q8_BLOCK (reference.quantize_q16). 14 bits so that a block's integer dot fits
+# int32 on every ISA: 32 * 8191^2 = 2,146,959,392 < 2^31. Meant for the few matrices where int8c's rounding of
+# weights and activations costs most (--attn-quant int16:1: the embedding and the first layer's attention).
+INT16_QMAX = INT16_MAX
 
 
 @dataclass
@@ -278,6 +281,10 @@ def _quantize(w: np.ndarray, quant: str, group_size: int, outlier_frac: float | 
         return QuantTensor("f32", rows, cols, w2), None, None
     if quant == "f16":
         return QuantTensor("f16", rows, cols, w2.astype(np.float16)), None, None
+    if quant == "int16":
+        if cols % Q8_BLOCK:
+            raise ValueError(f"int16 takes widths that are multiples of {Q8_BLOCK}, not {cols}")
+        return quantize_int16(w2), None, None
     colw = column_weights(importance, cols)
     if quant in INT4_QUANTS:
         return _quantize_int4(w2, quant, outlier_frac, colw), None, None

@@ -171,8 +171,8 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
 
 
 def quantize_q16(x: np.ndarray, block: int = 32) -> np.ndarray:
-    """x as an int16 matrix (quantize.quantize_int16) takes it, dequantized: the steps of quantize_q8 with
-    INT16_QMAX in place of 127 (numpy definition only: the runtime has no int16 kernels yet)."""
+    """x as an int16 matrix (quantize.quantize_int16, kernels.h "int16 matmuls") takes it, dequantized: the
+    steps of quantize_q8 with INT16_QMAX in place of 127."""
     return _quantize_blocks(x, block, INT16_QMAX)
 
 

@@ -144,6 +144,12 @@ def matrix_quants(quant: str, attn_quant: str | None) -> set[str]:
     return {quant} | ({V_QUANT[quant]} if quant in V_QUANT else set()) | ({scoped} if scoped else set())
 
 
+def has_int16(quant: str, attn_quant: str | None) -> bool:
+    """Whether an export's blob has int16 matrices (model.h COLIBRI_INT16: a runtime compiled for it links the
+    int16 kernels only then)."""
+    return "int16" in matrix_quants(quant, attn_quant)
+
+
 def has_int4(quant: str, attn_quant: str | None) -> bool:
     """Whether an export's blob has int4/int4c matrices (model.h COLIBRI_INT4: a runtime compiled for it
     links the int4 kernels only then)."""

@@ -30,8 +30,9 @@ TOKENIZER_FLAG, TOKENIZER_KIND, U8 = 1 << 9, 27, 7
 PARAMS_FLAG, PARAMS_KIND = 1 << 10, 28
 SECTION_KINDS = (TOKENIZER_KIND, PARAMS_KIND)
 ELEM = {1: np.dtype("<f4"), 2: np.dtype("<f2"), 3: np.dtype("i1"), 4: np.dtype("i1"), 5: np.dtype("u1"),
-        6: np.dtype("u1")}
+        6: np.dtype("u1"), 8: np.dtype("<i2")}
 INT4 = (5, 6)  # format 1.3: int4, int4c
+INT16 = 8  # FORMAT.md "int16": row-major, one f32 scale a row, 14-bit activations
 SCALE = {1: np.dtype("<f4"), 2: np.dtype("<f2")}
 HEADER_FIELDS = [
     (0, "I", "magic"), (4, "H", "version_major"), (6, "H", "version_minor"), (8, "I", "crc32"),
@@ -116,7 +117,7 @@ def dequantize(raw: bytes, e: dict) -> np.ndarray:
     w = data.reshape(stored, stride_elems)[:rows, :cols].astype(np.float32)
     if e["dtype"] in INT4:
         w = unpack_int4(raw, e)
-    if e["dtype"] in (3, 4, 5, 6):
+    if e["dtype"] in (3, 4, 5, 6, INT16):
         g = e["group_size"]
         n_groups = -(-cols // g)
         s = np.frombuffer(raw, dtype=SCALE[e["scale_dtype"]], count=stored * n_groups, offset=e["scale_off"])
@@ -141,6 +142,7 @@ class BlobWeights(dict):
     def __init__(self, raw: bytes) -> None:
         super().__init__()
         self._q8: set[str] = set()
+        self._q16: set[str] = set()
         self._corr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for e in entries(raw):
             if e["kind"] in SECTION_KINDS:  # bytes, not weights
@@ -150,6 +152,8 @@ class BlobWeights(dict):
             self[name] = w[0] if e["rows"] == 1 and name.endswith(("norm", "rope_freq", "_bias", "sinks")) else w
             if is_q8(raw, e):
                 self._q8.add(name)
+            if e["dtype"] == INT16:
+                self._q16.add(name)
             if e["n_outliers"]:
                 n = e["n_outliers"]
                 idx = np.cumsum(np.frombuffer(raw, dtype="<u2", count=n, offset=e["oidx_off"]).astype(np.int64))
@@ -158,6 +162,9 @@ class BlobWeights(dict):
 
     def q8(self, name: str) -> bool:
         return name in self._q8
+
+    def q16(self, name: str) -> bool:
+        return name in self._q16
 
     def corrections(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         return self._corr.get(name)

@@ -58,7 +58,7 @@ def measured(request, tmp_path_factory, build_model):
     builds, kl = {}, {}
     for label, quant, attn, group in (("int8", "int8", None, 0), ("int8c", "int8c", None, 0),
                                       ("int8c_rows", "int8c", None, ROWWISE), ("attn_f16", "int8c", "f16", 0),
-                                      ("attn_f16_1", "int8c", "f16:1", 0)):
+                                      ("attn_f16_1", "int8c", "f16:1", 0), ("attn_i16_1", "int8c", "int16:1", 0)):
         if (label, kind) in (("attn_f16", "heavy"), ("attn_f16_1", "outlier")):
             out = builds[label] = build_model(ckpt, "int8c", "host", "MAX_SEQ=32", f"ATTN_QUANT={attn}")
             m = load(out / f"libcolibri_{out.name}.so")
@@ -76,7 +76,7 @@ def measured(request, tmp_path_factory, build_model):
 def _blob_errors(weights: dict, out) -> dict[str, tuple[str, float]]:
     """Per tensor: its dtype name in the blob and ||W - W_blob|| / ||W||, W_blob read independently."""
     raw = (out / "model.bin").read_bytes()
-    names = {1: "f32", 2: "f16", 3: "int8", 4: "int8c", 5: "int4", 6: "int4c"}
+    names = {1: "f32", 2: "f16", 3: "int8", 4: "int8c", 5: "int4", 6: "int4c", 8: "int16"}
     res = {}
     for e in blobread.entries(raw):
         if e["kind"] in blobread.SECTION_KINDS:
@@ -137,6 +137,22 @@ def test_attn_f16_first_layer_tensors_and_kl(measured):
     # transformers checkpoints and on the outlier-channel one here, 1.2x it on the heavy-tailed one here
     assert kl["attn_f16_1"] < kl["int8c_rows"], (
         f"KL with --attn-quant f16:1 {kl['attn_f16_1']:.3e} vs int8c per row {kl['int8c_rows']:.3e}")
+
+
+def test_int16_first_layer_tensors_and_kl(measured):
+    """--attn-quant int16:1: the same matrices as f16:1 in int16 (14-bit weights, 14-bit activations: integer
+    matmuls throughout), far less weight error there than int8c's, the rest as f16:1 has it; its KL is within
+    1.5x of f16:1's (float activations there) and below int8c per row's."""
+    weights, builds, kl = measured
+    errs, f16 = _blob_errors(weights, builds["attn_i16_1"]), _blob_errors(weights, builds["attn_f16_1"])
+    int8c = _blob_errors(weights, builds["int8c"])
+    head = {n for n in errs if n == "embed" or (_is_attn(n) and n.startswith("layers.0."))}
+    assert len(head) == 1 + 4 and {errs[n][0] for n in head} == {"int16"}, sorted(head)
+    assert all(errs[n][1] * 20 < int8c[n][1] for n in head), {n: (errs[n][1], int8c[n][1]) for n in head}
+    assert all(errs[n] == f16[n] for n in errs if n not in head)
+    assert kl["attn_i16_1"] < 1.5 * kl["attn_f16_1"] and kl["attn_i16_1"] < kl["int8c_rows"], (
+        f"KL with --attn-quant int16:1 {kl['attn_i16_1']:.3e}, f16:1 {kl['attn_f16_1']:.3e}, "
+        f"int8c per row {kl['int8c_rows']:.3e}")
 
 
 def test_int8c_attention_scheme_beats_int8c_per_row(measured):

@@ -74,7 +74,7 @@ def test_an_unknown_quantization_is_refused(tmp_path):
 
 
 def test_the_int16_row_is_f16_1s_matrices_at_14_bits_with_integer_activations(table):
-    bits16, kl16 = table["colibri int8c attn=int16:1 (numpy)"]
+    bits16, kl16 = table["colibri int8c attn=int16:1"]
     bits_f16, _ = table["colibri int8c attn=f16:1"]
     assert bits_f16 < bits16 < bits_f16 + 0.5  # the same matrices at 16 bits, plus an f32 scale a row
     assert 0.0 < kl16 < table["colibri int8c"][1]

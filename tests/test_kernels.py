@@ -9,6 +9,8 @@ cb_matvec_scalar on random matrices of every weight type and many shapes; see it
 runtime_c/test/kernels_q8_test.c does the same for the integer matmuls (bit for bit, both layouts,
 and against their definition); runtime_c/test/kernels_q4_test.c for the int4 matmuls (bit for bit against
 cb_matmul_q4_scalar, widths that are and are not multiples of the block, 1..7 tokens, the definition);
+runtime_c/test/kernels_q16_test.c for the int16 matmuls (bit for bit against cb_matmul_q16_scalar, sums at the
+int32 limit the format allows, 1..7 tokens, split rows, the definition within rounding, the row lookup);
 runtime_c/test/crc_test.c for cb_crc32, the blob's check at load (Arm's CRC32 instructions where the target
 has them, else tables), against zlib.crc32.
 """
@@ -32,6 +34,7 @@ KERNELS = runtime_sources(KERNEL_SRC)
 PROGRAMS = {"kernels_test": ROOT / "runtime_c/test/kernels_test.c",
             "kernels_q8_test": ROOT / "runtime_c/test/kernels_q8_test.c",
             "kernels_q4_test": ROOT / "runtime_c/test/kernels_q4_test.c",
+            "kernels_q16_test": ROOT / "runtime_c/test/kernels_q16_test.c",
             "crc_test": ROOT / "runtime_c/test/crc_test.c"}
 FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["linux"], "-g"]
 LINUX = names("linux")
@@ -41,6 +44,10 @@ RVV_VLEN = (128, 256, 512)
 # build (host, only where this CPU has it), PMADDUBSW on every other x86 build with AVX2, SDOT on Armv8.6
 INT4_OF_INT8 = {"avx512vnni": "avx512vnni", "avx2": "avx2", "neon-i8mm": "neon-dotprod", "neon-dotprod": "neon-dotprod",
                 "neon": "neon", "rvv": "rvv", "mve": "mve", "dsp": "dsp", "scalar": "scalar"}
+# the int16 block dots (arch/select.h CB_ISA_Q16_NAME): PMADDWD wherever AVX2 is, SMLAL on every NEON build, else
+# the scalar ones
+INT16_OF_INT8 = {"avx512vnni": "avx2", "avx2": "avx2", "neon-i8mm": "neon", "neon-dotprod": "neon", "neon": "neon",
+                 "rvv": "scalar", "mve": "scalar", "dsp": "scalar", "scalar": "scalar"}
 
 
 def _build(target: str, out: Path, *extra: str, program: str = "kernels_test") -> Path:
@@ -99,6 +106,14 @@ def test_int4_kernels_match_scalar(target, tmp_path):
         assert int(line.split()[2]) >= 160 and int(line.split()[4]) > 10000, line
 
 
+@pytest.mark.parametrize("target", LINUX)
+def test_int16_kernels_match_scalar(target, tmp_path):
+    for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q16_test")):
+        isa = line.split()[1].rstrip(":")
+        assert line.startswith("kernels_q16_test ") and isa == INT16_OF_INT8[expected_kernel(target, "int8")], line
+        assert int(line.split()[2]) == 64 and int(line.split()[4]) > 10000, line
+
+
 def test_forced_scalar_is_scalar(tmp_path):
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR")  # the ISA's name is the point: scalar against itself
     assert _run([str(exe), "quick"]).startswith("kernels_test scalar:")
@@ -106,6 +121,8 @@ def test_forced_scalar_is_scalar(tmp_path):
     assert _run([str(exe)]).startswith("kernels_q8_test scalar:")
     exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q4_test")
     assert _run([str(exe)]).startswith("kernels_q4_test scalar:")
+    exe = _build("host", tmp_path, "-DCOLIBRI_SCALAR", program="kernels_q16_test")
+    assert _run([str(exe)]).startswith("kernels_q16_test scalar:")
 
 
 def test_simd_reads_nothing_beyond_its_rows(tmp_path):

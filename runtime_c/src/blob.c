@@ -35,11 +35,11 @@ typedef struct cb_check {
 #define CB_TRY(call) do { colibri_status st_ = (call); if (st_ != COLIBRI_OK) return st_; } while (0)
 
 #define DT(d) (1u << (d))
-#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C) | DT(CB_I4) | DT(CB_I4C))
+#define DT_ANY (DT(CB_F32) | DT(CB_F16) | DT(CB_I8) | DT(CB_I8C) | DT(CB_I4) | DT(CB_I4C) | DT(CB_I16))
 
 static const uint8_t cb_lifetime[CB_N_BUFFERS][2] = CB_BUFFER_LIFETIMES;
 
-static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 ? 2 : 1; }
+static uint64_t cb_elem_bytes(unsigned dtype) { return dtype == CB_F32 ? 4 : dtype == CB_F16 || dtype == CB_I16 ? 2 : 1; }
 /* bytes of one row's values: int4 packs a block of CB_Q8_BLOCK into CB_INT4_BLOCK_BYTES */
 static uint64_t cb_row_bytes(unsigned dtype, uint64_t cols)
 {
@@ -344,8 +344,8 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     unsigned dtype = e[CB_E_DTYPE], scale_dtype = e[CB_E_SCALE_DTYPE];
     uint64_t stride = cb_rd32(e + CB_E_ROW_STRIDE), group = cb_rd32(e + CB_E_GROUP_SIZE);
     uint64_t n_out = cb_rd32(e + CB_E_N_OUTLIERS);
-    int int4 = cb_is_int4(dtype);
-    int quantised = dtype == CB_I8 || dtype == CB_I8C || int4;
+    int int4 = cb_is_int4(dtype), int16 = dtype == CB_I16;
+    int quantised = dtype == CB_I8 || dtype == CB_I8C || int4 || int16;
     int tiled = !int4 && v->m->layout == CB_LAYOUT_TILED16 && cb_is_q8(v->m, dtype, cols, group);
     /* a tiled matrix: rows padded to whole tiles, no row padding, scales tiled the same way */
     uint64_t stored_rows = tiled ? (rows + CB_TILE16_ROWS - 1) / CB_TILE16_ROWS * CB_TILE16_ROWS : rows;
@@ -354,7 +354,7 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* kind, layer or expert: not this place's */
     if (cb_rd32(e + CB_E_ROWS) != rows || cb_rd32(e + CB_E_COLS) != cols)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* rows or cols: not what the dims say */
-    if (dtype > CB_DTYPE_LAST || (!CB_HAS_INT4 && int4))
+    if (dtype > CB_DTYPE_LAST || (!CB_HAS_INT4 && int4) || (!CB_HAS_INT16 && int16))
         return CB_BAD(COLIBRI_E_DTYPE); /* dtype: newer than this runtime's kernels, or not built in (kernels.h) */
     if (dtype < CB_F32 || !(dtypes & DT(dtype)))
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* dtype: zero, or not one this kind takes */
@@ -362,6 +362,8 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* row_stride: short, unaligned, or padded in a tiled matrix */
     if (int4 && (!v->m->xq_off || group != CB_Q8_BLOCK))
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int4: without integer matmuls, or not one scale a block */
+    if (int16 && (scale_dtype != CB_F32 || group != cols || cols % CB_Q8_BLOCK != 0))
+        return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int16: not one f32 scale a row, or not whole blocks */
     /* group_size means nothing to F32/F16 and is not checked there; int4's is the activation block even
      * when the matrix is narrower (cols < 32: one partial block, as the last block of any width) */
     if (quantised ? (scale_dtype != CB_F32 && scale_dtype != CB_F16) || group == 0 || (group > cols && !int4)
@@ -392,6 +394,14 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     }
     if (n_out && idx >= n_weights)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* outlier gaps: the last index past the matrix */
+    /* int16: the kernels sum 32 products in int32, exact only for |q| <= CB_Q16_MAX */
+    const uint8_t *data = v->b + cb_rd64(e + CB_E_DATA_OFF);
+    for (uint64_t r = 0; int16 && r < rows; r++)
+        for (uint64_t c = 0; c < cols; c++) {
+            uint16_t u = cb_rd16(data + r * stride + 2 * c);
+            if (u > CB_Q16_MAX && u < 0x10000u - CB_Q16_MAX)
+                return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int16 data: a value outside [-8191, 8191] */
+        }
     return COLIBRI_OK;
 }
 

@@ -119,9 +119,11 @@
 #define CB_DTYPE_INT8C 4u
 #define CB_DTYPE_INT4 5u
 #define CB_DTYPE_INT4C 6u
-#define CB_DTYPE_LAST 6u /* codes above: formats this runtime lacks */
+#define CB_DTYPE_INT16 8u
+#define CB_DTYPE_LAST 8u /* codes above: formats this runtime lacks */
 #define CB_BYTES_DTYPE 7u /* U8: raw bytes, the TOKENIZER and PARAMS entries only */
 #define CB_INT4_BLOCK_BYTES 16u /* an int4 row: this many bytes a Q8 block */
+#define CB_INT16_MAX 8191 /* an int16 value's and activation's largest magnitude */
 
 /* the parameters section (FORMAT.md "Parameters"): records of {u16 key, u16 index, u32 value} */
 #define CB_PARAM_RECORD_BYTES 8u

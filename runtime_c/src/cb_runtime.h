@@ -23,7 +23,8 @@
 
 _Static_assert(CB_DTYPE_F32 == CB_F32 && CB_DTYPE_F16 == CB_F16 && CB_DTYPE_INT8 == CB_I8
                && CB_DTYPE_INT8C == CB_I8C && CB_DTYPE_INT4 == CB_I4 && CB_DTYPE_INT4C == CB_I4C
-               && CB_DTYPE_LAST == CB_I4C, "kernels.h's dtype codes are the format's");
+               && CB_DTYPE_INT16 == CB_I16 && CB_DTYPE_LAST == CB_I16, "kernels.h's dtype codes are the format's");
+_Static_assert(CB_INT16_MAX == CB_Q16_MAX, "kernels.h's int16 range is the format's");
 _Static_assert(CB_INT4_BLOCK_BYTES * 2 == CB_Q8_BLOCK, "an int4 block: two values a byte");
 _Static_assert(CB_Q8_BLOCK == CB_ACT_BLOCK && CB_TILE16_ROWS == CB_TILE_ROWS, "kernels.h's q8 shapes are the format's");
 

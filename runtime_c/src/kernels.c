@@ -317,6 +317,10 @@ static void cb_matmul_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, co
 void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
                const float *alpha, int accumulate)
 {
+    if (cb_is_int16(t->dtype)) { /* quantizes x itself (kernels.h "int16 matmuls") */
+        cb_matmul_q16(t, r0, r1, n, x, y, alpha, accumulate);
+        return;
+    }
     cb_matmul_isa(t, r0, r1, n, x, y, alpha, accumulate);
 }
 
@@ -339,6 +343,11 @@ void cb_dequant_row(const cb_tensor *t, size_t r, float *out)
     } else if (t->dtype == CB_F16) {
         for (size_t c = 0; c < cols; c++)
             out[c] = cb_f16_to_f32(((const uint16_t *)row)[c]);
+    } else if (cb_is_int16(t->dtype)) {
+        const int16_t *q = (const int16_t *)row;
+        float s = cb_scale(t, r, 0);
+        for (size_t c = 0; c < cols; c++)
+            out[c] = s * (float)q[c];
     } else if (CB_HAS_INT4 && cb_is_int4(t->dtype)) {
         const uint8_t *b = (const uint8_t *)row; /* block g: 16 bytes, columns 32g + i and 32g + 16 + i */
         for (size_t c = 0; c < cols; c++) {

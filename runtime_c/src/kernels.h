@@ -21,7 +21,7 @@
 
 #include "arch/select.h"
 
-enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6 }; /* weight and scale dtypes, as in FORMAT.md */
+enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6, CB_I16 = 8 }; /* weight and scale dtypes, as in FORMAT.md */
 
 /* Whether this build has the int4 kernels: a runtime specialised to a model (COLIBRI_SPECIALISED) only when
  * its blob has int4/int4c tensors (model.h COLIBRI_INT4), so an int8c firmware image does not carry them;
@@ -36,6 +36,12 @@ enum { CB_F32 = 1, CB_F16 = 2, CB_I8 = 3, CB_I8C = 4, CB_I4 = 5, CB_I4C = 6 }; /
 #define CB_HAS_INT4 1
 #endif
 static inline int cb_is_int4(unsigned dtype) { return dtype == CB_I4 || dtype == CB_I4C; }
+/* The same for the int16 kernels (model.h COLIBRI_INT16). */
+#if defined(COLIBRI_INT16)
+#define CB_HAS_INT16 COLIBRI_INT16
+#else
+#define CB_HAS_INT16 1
+#endif
 
 /* One validated weight matrix, pointers into the blob. W[r][c] =
  * scale[r][c / group_size] * q[r][c] (I8, I8C), plus oval[i] at flat index
@@ -163,6 +169,29 @@ void cb_matmul_q4_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, con
                          const float *const *x, float *const *y, const float *alpha, int accumulate);
 /* arch/select.h's CB_ISA_Q4_NAME: the block dot cb_matmul_q8 uses for int4 ("avx2", "neon-dotprod", ...) */
 const char *cb_kernels_q4_isa(void);
+
+/* ---- int16 matmuls ----
+ * An I16 tensor (row-major int16 q with |q| <= CB_Q16_MAX, cols a multiple of CB_ACT_BLOCK, one f32 scale a
+ * row, no corrections) goes through cb_matmul with float x, which it quantizes itself per token and block of
+ * CB_ACT_BLOCK: d = max|x| / CB_Q16_MAX and q = round-half-away(x * CB_Q16_MAX / max|x|) (cb_quantize_q8's
+ * steps with CB_Q16_MAX for 127; no buffer: each block is quantized once per group of rows). For row r and
+ * token j, with isum_b the exact int32 dot of the row's block b with q (32 * 8191^2 < 2^31),
+ *   acc = 0; for b in order: acc += ((float)isum_b * d[b]) * scale[r]   (three roundings, no FMA)
+ *   y[j][r] = accumulate ? y[j][r] + alpha[j] * acc : alpha[j] * acc.
+ * Integer sums are exact in any order and the float steps run per row in block order in every path, so
+ * every ISA gives cb_matmul_q16_scalar's result bit for bit. */
+#define CB_Q16_MAX 8191
+
+static inline int cb_is_int16(unsigned dtype) { return CB_HAS_INT16 && dtype == CB_I16; }
+
+/* Block b of an I16 matmul's activations: the CB_ACT_BLOCK values at x quantized to q, d. */
+void cb_quantize_q16(const float *x, int16_t *q, float *d);
+void cb_matmul_q16(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+                   const float *alpha, int accumulate);
+void cb_matmul_q16_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x,
+                          float *const *y, const float *alpha, int accumulate);
+/* arch/select.h's CB_ISA_Q16_NAME: the block dots cb_matmul_q16 uses ("avx2", "neon", "scalar") */
+const char *cb_kernels_q16_isa(void);
 
 /* scale[r][g] of an I8/I8C tensor as f32, in either layout */
 float cb_scale(const cb_tensor *t, size_t r, size_t g);

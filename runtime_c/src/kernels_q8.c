@@ -26,6 +26,9 @@
 #include "arch/riscv/q4.h"
 #include "arch/cortex-m/q4.h"
 #include "arch/scalar/q4.h"
+#include "arch/scalar/q16.h"
+#include "arch/x86/q16.h"
+#include "arch/arm/q16.h"
 
 /* cb_outl_pend's row arithmetic holds for tiles of up to CB_OUTL_PEND_ROWS rows */
 _Static_assert(CB_TILE_ROWS <= CB_OUTL_PEND_ROWS, "a q8 tile the correction walk covers");
@@ -278,6 +281,66 @@ void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_x
         cb_matmul_q4_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
     else
         cb_matmul_q8_isa(t, r0, r1, n, xq, x, y, alpha, accumulate);
+}
+
+/* ---- int16 (kernels.h "int16 matmuls") ---- */
+
+void cb_quantize_q16(const float *x, int16_t *q, float *d)
+{
+    cb_quantize_q16_block(x, q, d);
+}
+
+#define CB_Q16_GROUP 64u /* rows whose sums one quantization of a block serves (256 bytes of stack) */
+
+/* Rows [r0, r1) of an I16 matmul with a given CB_Q16_ROWS-row block dot: per group of CB_Q16_GROUP rows and
+ * token, each block quantized once and dotted with every row of the group (CB_Q16_ROWS at a time, the rest
+ * one by one), then each row's float steps in block order; the groups change no row's operations. */
+#define CB_MATMUL_Q16(name, isums)                                                                         \
+    void name(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,  \
+              const float *alpha, int accumulate)                                                          \
+    {                                                                                                      \
+        const size_t blocks = t->cols / CB_ACT_BLOCK, stride = t->row_stride;                              \
+        const float *scale = (const float *)(const void *)t->scales;                                       \
+        for (size_t r = r0; r < r1; r += CB_Q16_GROUP) {                                                   \
+            const size_t nr = r1 - r < CB_Q16_GROUP ? r1 - r : CB_Q16_GROUP;                               \
+            const uint8_t *w = t->data + r * stride;                                                       \
+            for (size_t j = 0; j < n; j++) {                                                               \
+                float acc[CB_Q16_GROUP];                                                                   \
+                for (size_t i = 0; i < nr; i++)                                                            \
+                    acc[i] = 0.0f;                                                                         \
+                for (size_t b = 0; b < blocks; b++) {                                                      \
+                    int16_t q[CB_ACT_BLOCK];                                                               \
+                    int32_t isum[CB_Q16_GROUP];                                                            \
+                    float d;                                                                               \
+                    cb_quantize_q16_block(x[j] + b * CB_ACT_BLOCK, q, &d);                                 \
+                    const uint8_t *wb = w + b * CB_ACT_BLOCK * sizeof(int16_t);                            \
+                    size_t i = 0;                                                                          \
+                    for (; i + CB_Q16_ROWS <= nr; i += CB_Q16_ROWS)                                        \
+                        isums(wb + i * stride, stride, q, isum + i);                                       \
+                    for (; i < nr; i++)                                                                    \
+                        isum[i] = cb_q16_dot_scalar(wb + i * stride, q);                                   \
+                    for (i = 0; i < nr; i++) {                                                             \
+                        float f = (float)isum[i];                                                          \
+                        f = f * d;                                                                         \
+                        f = f * scale[r + i];                                                              \
+                        acc[i] = acc[i] + f;                                                               \
+                    }                                                                                      \
+                }                                                                                          \
+                float *yj = y[j] + r;                                                                      \
+                for (size_t i = 0; i < nr; i++) {                                                          \
+                    float v = alpha[j] * acc[i];                                                           \
+                    yj[i] = accumulate ? yj[i] + v : v;                                                    \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+CB_MATMUL_Q16(cb_matmul_q16_scalar, cb_q16_isums_scalar)
+CB_MATMUL_Q16(cb_matmul_q16, cb_q16_isums_isa)
+
+const char *cb_kernels_q16_isa(void)
+{
+    return CB_ISA_Q16_NAME;
 }
 
 const char *cb_kernels_q8_isa(void)

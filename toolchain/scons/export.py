@@ -35,14 +35,15 @@ def colibri_export(env, ckpt: Path, gen: Path, opts: dict) -> dict[str, object]:
     from SCons.Script import Action, Value  # type: ignore[import-not-found]
 
     from colibri.codegen.inputs import export_inputs, exporter_sources
-    from colibri.codegen.stream import has_int4
+    from colibri.codegen.stream import has_int4, has_int16
 
     inputs = export_inputs(ckpt, opts.get("prune_experts"), opts.get("calib"))
     sources = [file_node(env, p) for p in inputs + exporter_sources()]
     outs = [file_node(env, gen / n) for n in OUTPUTS]
     message = escape(f"EXPORT {shown(ckpt.name)} ({opts['quant']}) -> {shown(gen)}")
     env.Command(outs, sources + [Value(json.dumps(opts, sort_keys=True))], Action(_export_action, message))
-    return {**dict(zip(OUTPUTS, outs, strict=True)), "int4": has_int4(opts["quant"], opts.get("attn_quant"))}
+    return {**dict(zip(OUTPUTS, outs, strict=True)), "int4": has_int4(opts["quant"], opts.get("attn_quant")),
+            "int16": has_int16(opts["quant"], opts.get("attn_quant"))}
 
 
 def generate(env) -> None:

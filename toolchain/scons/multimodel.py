@@ -45,9 +45,9 @@ def multi_outputs(env, t: Target, names: list[str], gens: list[dict], out: Path,
     fenv, _ = _envs(env, t, gens[0])
     common_path = [p for p in fenv["CPPPATH"] if p != gens[0]["model.h"].dir]
     fenv.Replace(CPPPATH=common_path)
-    # dimensions from each blob; the int4 kernels only if a blob has int4 matrices (runtime_c/src/kernels.h)
-    int4 = [] if any(g["int4"] for g in gens) else ["COLIBRI_INT4=0"]
-    generic = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", *int4])
+    # dimensions from each blob; the int4 and int16 kernels only if a blob has such matrices (runtime_c/src/kernels.h)
+    kernels = [f"COLIBRI_{k.upper()}=0" for k in ("int4", "int16") if not any(g[k] for g in gens)]
+    generic = fenv.Clone(CPPDEFINES=["COLIBRI_BUILDING", *kernels])
     objs = Objects(out / "obj")
     model, part_app, qemu_app = _objects(fenv, generic, fw, gens[0], objs)
     runtime = [o for o in model if o.name not in NOT_LINKED]

@@ -39,6 +39,10 @@
 #define cb_dot32_isa cb_dot32_scalar
 #endif
 
+#if !defined(CB_HAS_Q16_DOT)
+#define cb_q16_isums_isa cb_q16_isums_scalar
+#endif
+
 #if !defined(CB_HAS_Q4_DOT)
 #define cb_dot32_q4_isa cb_dot32_q4_scalar
 #endif

@@ -72,6 +72,8 @@
 #endif
 #define CB_HAS_EXP 1
 #define CB_HAS_Q8_QUANT 1
+#define CB_HAS_Q16_DOT 1 /* PMADDWD */
+#define CB_ISA_Q16_NAME "avx2"
 #endif
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define CB_X86_VNNI 1 /* VPDPBUSD */
@@ -108,6 +110,8 @@
 #define CB_ISA_Q8_NAME "neon" /* SMULL/SMLAL/SADALP */
 #endif
 #define CB_HAS_Q4_DOT 1
+#define CB_HAS_Q16_DOT 1 /* SMULL/SMLAL */
+#define CB_ISA_Q16_NAME "neon"
 #if defined(CB_ARM_I8MM) || defined(CB_ARM_DOTPROD)
 #define CB_ISA_Q4_NAME "neon-dotprod"
 #else
@@ -153,6 +157,9 @@
 #endif
 #if !defined(CB_ISA_Q4_NAME)
 #define CB_ISA_Q4_NAME "scalar"
+#endif
+#if !defined(CB_ISA_Q16_NAME)
+#define CB_ISA_Q16_NAME "scalar"
 #endif
 
 /* The f16 -> f32 conversion of cbmath.h, kernels or not (every f16 is exactly an f32, so the hardware

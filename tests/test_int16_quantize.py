@@ -1,8 +1,7 @@
-"""The int16 path's numpy definition (quantize.quantize_int16, reference.quantize_q16): 14-bit weights with a
-scale per row, multiplied with 14-bit activations per block of 32. Not in the blob or the runtime yet; these
-check the definition bench/quant_table.py measures: its range (a block's integer dot must fit int32 on every
-ISA), its rounding bound, that it is far finer than int8 on heavy-tailed weights, and that the reference really
-takes 14-bit activations for the matrices its hook names."""
+"""int16's numpy side (quantize.quantize_int16, reference.quantize_q16; FORMAT.md "int16"): 14-bit weights with
+a scale per row, multiplied with 14-bit activations per block of 32. Its range (a block's integer dot must fit
+int32 on every ISA), its rounding bound, that it is far finer than int8 on heavy-tailed weights, and that the
+reference really takes 14-bit activations for the matrices its hook names. (tests/test_int16.py: the runtime.)"""
 
 from __future__ import annotations
 
