@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/accuracy.py [--ckpt firmware_examples/models/adder] [--n 1000] [--llamacpp NAME]
 
-For f32, f16, int8, int8c, int4 and int4c exports (built for the host with SCons) it prints exact-match
-on the held-out problems (greedy decoding in C), bits per weight (of the quantized matrices, and over all
-weights: norms, router and everything else counted), and against the fp32 numpy reference: mean KL
-divergence and top-1 agreement of the logits at every answer position (teacher-forced along the fp32
-answer; 1,000 problems give about 4,500 positions). Q8_0 (llama.cpp's format, numpy) is printed beside them.
+For f32, f16, int8, int8c (also with float activations, GROUP_SIZE=64 and ATTN_QUANT=int16:1), int4 and int4c
+exports (built for the host with SCons) it prints exact-match on the held-out problems (greedy decoding in C),
+bits per weight (of the quantized matrices, and over all weights: norms, router and everything else counted),
+and against the fp32 numpy reference: mean KL divergence and top-1 agreement of the logits at every answer
+position (teacher-forced along the fp32 answer; 1,000 problems give about 4,500 positions). Q8_0 (llama.cpp's
+format, numpy) is printed beside them.
 
 --llamacpp NAME adds llama.cpp's own Q8_0, Q4_0 and Q4_K_M rows, from its logits of GGUF files made by
 llama.cpp's converter and llama-quantize: first
@@ -44,6 +45,7 @@ from q8_0 import Q8_0Weights  # noqa: E402
 
 VARIANTS = (("f32", ()), ("f16", ()), ("int8", ()), ("int8c", ()),
             ("int8", ("ACTIVATIONS=float",)), ("int8c", ("ACTIVATIONS=float",)), ("int8c", ("GROUP_SIZE=64",)),
+            ("int8c", ("ATTN_QUANT=int16:1",)),
             ("int4", ()), ("int4c", ()))
 # llama.cpp's formats read from its own logits (--llamacpp): GGUF file suffix, nominal bits a weight
 LLAMACPP = (("Q8_0", "q8_0", 8.5), ("Q4_0", "q4_0", 4.5), ("Q4_K_M", "q4_k_m", 4.85))

@@ -63,7 +63,7 @@ CALIB_FLOOR = 0.05
 # to the same range per block of Q8_BLOCK (reference.quantize_q16). 14 bits so that a block's integer dot fits
 # int32 on every ISA: 32 * 8191^2 = 2,146,959,392 < 2^31. Meant for the few matrices where int8c's rounding of
 # weights and activations costs most (--attn-quant int16:1: the embedding and the first layer's attention).
-INT16_QMAX = INT16_MAX
+# The range is format.INT16_MAX.
 
 
 @dataclass
@@ -139,14 +139,14 @@ class QuantTensor:
 
 
 def quantize_int16(w: np.ndarray) -> QuantTensor:
-    """w (rows, cols, or a vector as 1 x n) as int16: per row, scale = max|w| / INT16_QMAX in float32 and
-    q = round-half-even(w / scale) in [-INT16_QMAX, INT16_QMAX]; an all-zero row has scale 0 and q 0."""
+    """w (rows, cols, or a vector as 1 x n) as int16: per row, scale = max|w| / INT16_MAX in float32 and
+    q = round-half-even(w / scale) in [-INT16_MAX, INT16_MAX]; an all-zero row has scale 0 and q 0."""
     w2 = np.asarray(w, dtype=np.float32).reshape(-1, w.shape[-1] if w.ndim else 1)
     amax = np.max(np.abs(w2), axis=1, keepdims=True)
-    scale = (amax / np.float32(INT16_QMAX)).astype(np.float32)
+    scale = (amax / np.float32(INT16_MAX)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(scale > 0, np.rint(w2 / np.where(scale > 0, scale, np.float32(1))), 0)
-    q = np.clip(q, -INT16_QMAX, INT16_QMAX).astype(np.int16)
+    q = np.clip(q, -INT16_MAX, INT16_MAX).astype(np.int16)
     rows, cols = w2.shape
     return QuantTensor("int16", rows, cols, q, group_size=cols, scales=scale)
 

@@ -15,8 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import rope
-from .format import KV_DTYPES
-from .quantize import INT16_QMAX
+from .format import INT16_MAX, KV_DTYPES
 from .spec import ModelSpec, canonical_names
 
 F32 = np.float32
@@ -172,8 +171,8 @@ def quantize_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
 
 def quantize_q16(x: np.ndarray, block: int = 32) -> np.ndarray:
     """x as an int16 matrix (quantize.quantize_int16, kernels.h "int16 matmuls") takes it, dequantized: the
-    steps of quantize_q8 with INT16_QMAX in place of 127."""
-    return _quantize_blocks(x, block, INT16_QMAX)
+    steps of quantize_q8 with INT16_MAX in place of 127."""
+    return _quantize_blocks(x, block, INT16_MAX)
 
 
 def kv_round(x: np.ndarray, kv: str) -> np.ndarray:

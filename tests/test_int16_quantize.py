@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from colibri.codegen.checkpoint import open_checkpoint
-from colibri.codegen.quantize import INT16_QMAX, quantize, quantize_int16, relative_error
+from colibri.codegen.format import INT16_MAX
+from colibri.codegen.quantize import quantize, quantize_int16, relative_error
 from colibri.codegen.reference import Reference, quantize_q8, quantize_q16
 from colibri.codegen.spec import canonical_names
 
@@ -21,8 +22,8 @@ def heavy(rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 
 def test_a_blocks_integer_dot_fits_int32():
-    assert 32 * INT16_QMAX**2 < 2**31  # the ACT_BLOCK products of two 14-bit values, summed exactly in int32
-    assert INT16_QMAX < 2**15  # stored in int16
+    assert 32 * INT16_MAX**2 < 2**31  # the ACT_BLOCK products of two 14-bit values, summed exactly in int32
+    assert INT16_MAX < 2**15  # stored in int16
 
 
 def test_weights_stay_in_range_and_within_half_a_step():
@@ -31,9 +32,9 @@ def test_weights_stay_in_range_and_within_half_a_step():
     qt = quantize_int16(w)
     q = qt.data.astype(np.int64)
     assert qt.data.dtype == np.int16 and qt.scales.dtype == np.float32 and qt.scales.shape == (24, 1)
-    assert np.abs(q).max() <= INT16_QMAX
+    assert np.abs(q).max() <= INT16_MAX
     nonzero = np.arange(24) != 5
-    assert (np.abs(q[nonzero]).max(axis=1) == INT16_QMAX).all()  # each row's largest weight takes the full range
+    assert (np.abs(q[nonzero]).max(axis=1) == INT16_MAX).all()  # each row's largest weight takes the full range
     assert (q[5] == 0).all() and qt.scales[5, 0] == 0.0 and (qt.dequantize()[5] == 0.0).all()
     step = qt.scales[:, 0].astype(np.float64)
     err = np.abs(w.astype(np.float64) - qt.dequantize().astype(np.float64))
@@ -52,14 +53,14 @@ def test_activations_within_half_a_step_of_their_block():
     x = heavy(1, 32 * 7 + 5, seed=2).reshape(-1) * np.float32(3.0)
     xq = quantize_q16(x)
     pad = np.concatenate([x, np.zeros(-x.size % 32, dtype=np.float32)]).reshape(-1, 32)
-    step = np.abs(pad).max(axis=1).astype(np.float64) / INT16_QMAX
+    step = np.abs(pad).max(axis=1).astype(np.float64) / INT16_MAX
     err = np.abs(pad - np.concatenate([xq, np.zeros(-x.size % 32, dtype=np.float32)]).reshape(-1, 32))
     assert (err <= step[:, None] * 0.5 * (1 + 1e-4)).all()
     assert (err < np.abs(pad - np.concatenate([quantize_q8(x), np.zeros(-x.size % 32, np.float32)])
                     .reshape(-1, 32)) + step[:, None]).all()
     # the values are whole steps of their block: q * amax / QMAX with |q| <= QMAX
     q = np.rint(np.concatenate([xq, np.zeros(-x.size % 32, np.float32)]).reshape(-1, 32) / step[:, None])
-    assert np.abs(q).max() == INT16_QMAX
+    assert np.abs(q).max() == INT16_MAX
 
 
 class Hooked(dict):
