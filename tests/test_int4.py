@@ -289,7 +289,8 @@ def test_unknown_dtype_is_refused_with_its_own_status(golden_ckpts, build_model,
     out = build_model(golden_ckpts["mixtral_f16"], "int4c")
     raw = bytearray((out / "model.bin").read_bytes())
     first_int4 = next(i for i, e in enumerate(blob_entries(bytes(raw))) if e["dtype"] == 6)
-    for code, status in ((7, E_DTYPE), (255, E_DTYPE), (0, E_BAD_TENSOR)):
+    # 7 (raw bytes) is a code the runtime knows, not one a matrix takes; 9 and up are past its last (8, int16)
+    for code, status in ((9, E_DTYPE), (255, E_DTYPE), (7, E_BAD_TENSOR), (0, E_BAD_TENSOR)):
         b = bytearray(raw)
         b[256 + 64 * first_int4 + 6] = code
         path = tmp_path / f"dtype{code}.bin"

@@ -162,6 +162,8 @@ static void cb_mm_rows(const cb_mm_job *j, const cb_mm_part *p, size_t r0, size_
         return;
     if (p->xq)
         cb_matmul_q8(&p->t, r0, r1, j->n, p->xq, p->x, p->y, p->alpha, p->accumulate);
+    else if (cb_is_int16(p->t.dtype)) /* integer, the same bits on every ISA (kernels.h "int16 matmuls") */
+        cb_matmul_q16(&p->t, r0, r1, j->n, p->x, p->y, p->alpha, p->accumulate);
     else if (j->scalar) /* the router and --attn-quant's f32/f16 matrices: cb_matmul_scalar, whose float sums have
                            one order on every ISA (cb_dot's), so a q8 blob's forward pass is the same bits everywhere */
         cb_matmul_scalar(&p->t, r0, r1, j->n, p->x, p->y, p->alpha, p->accumulate);

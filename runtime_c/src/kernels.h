@@ -122,6 +122,7 @@ void cb_matvec_scalar(const cb_tensor *t, const float *x, float *y, float alpha,
  * once for all n tokens. No x[j] may overlap any y[k]. */
 void cb_matmul(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
                const float *alpha, int accumulate);
+/* (F32, F16, I8, I8C: an I16 tensor goes through cb_matmul, whose definition is cb_matmul_q16_scalar) */
 void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
                       const float *alpha, int accumulate);
 
@@ -186,10 +187,14 @@ static inline int cb_is_int16(unsigned dtype) { return CB_HAS_INT16 && dtype == 
 
 /* Block b of an I16 matmul's activations: the CB_ACT_BLOCK values at x quantized to q, d. */
 void cb_quantize_q16(const float *x, int16_t *q, float *d);
-void cb_matmul_q16(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
-                   const float *alpha, int accumulate);
 void cb_matmul_q16_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x,
                           float *const *y, const float *alpha, int accumulate);
+#if defined(CB_HAS_Q16_DOT)
+void cb_matmul_q16(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
+                   const float *alpha, int accumulate);
+#else /* no block dots of the ISA's: the scalar kernel is the kernel (one copy in the image, one frame deep) */
+#define cb_matmul_q16 cb_matmul_q16_scalar
+#endif
 /* arch/select.h's CB_ISA_Q16_NAME: the block dots cb_matmul_q16 uses ("avx2", "neon", "scalar") */
 const char *cb_kernels_q16_isa(void);
 

@@ -290,11 +290,18 @@ void cb_quantize_q16(const float *x, int16_t *q, float *d)
     cb_quantize_q16_block(x, q, d);
 }
 
-#define CB_Q16_GROUP 64u /* rows whose sums one quantization of a block serves (256 bytes of stack) */
+/* Rows whose sums one quantization of a block serves: 64 with the ISA's block dots (each quantization then costs
+ * a small share of the rows' work); else CB_Q16_ROWS, for the stacks of microcontrollers (a frame of about
+ * 150 bytes). The group changes no row's operations. */
+#if defined(CB_HAS_Q16_DOT)
+#define CB_Q16_GROUP 64u
+#else
+#define CB_Q16_GROUP CB_Q16_ROWS
+#endif
 
 /* Rows [r0, r1) of an I16 matmul with a given CB_Q16_ROWS-row block dot: per group of CB_Q16_GROUP rows and
- * token, each block quantized once and dotted with every row of the group (CB_Q16_ROWS at a time, the rest
- * one by one), then each row's float steps in block order; the groups change no row's operations. */
+ * token, each block quantized once and dotted with every row of the group (CB_Q16_ROWS at a time, a last
+ * partial batch one by one), each row's float steps in block order. */
 #define CB_MATMUL_Q16(name, isums)                                                                         \
     void name(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,  \
               const float *alpha, int accumulate)                                                          \
@@ -310,20 +317,23 @@ void cb_quantize_q16(const float *x, int16_t *q, float *d)
                     acc[i] = 0.0f;                                                                         \
                 for (size_t b = 0; b < blocks; b++) {                                                      \
                     int16_t q[CB_ACT_BLOCK];                                                               \
-                    int32_t isum[CB_Q16_GROUP];                                                            \
                     float d;                                                                               \
                     cb_quantize_q16_block(x[j] + b * CB_ACT_BLOCK, q, &d);                                 \
                     const uint8_t *wb = w + b * CB_ACT_BLOCK * sizeof(int16_t);                            \
-                    size_t i = 0;                                                                          \
-                    for (; i + CB_Q16_ROWS <= nr; i += CB_Q16_ROWS)                                        \
-                        isums(wb + i * stride, stride, q, isum + i);                                       \
-                    for (; i < nr; i++)                                                                    \
-                        isum[i] = cb_q16_dot_scalar(wb + i * stride, q);                                   \
-                    for (i = 0; i < nr; i++) {                                                             \
-                        float f = (float)isum[i];                                                          \
-                        f = f * d;                                                                         \
-                        f = f * scale[r + i];                                                              \
-                        acc[i] = acc[i] + f;                                                               \
+                    for (size_t i = 0; i < nr; i += CB_Q16_ROWS) {                                         \
+                        int32_t isum[CB_Q16_ROWS];                                                         \
+                        const size_t m = nr - i < CB_Q16_ROWS ? nr - i : CB_Q16_ROWS;                      \
+                        if (m == CB_Q16_ROWS)                                                              \
+                            isums(wb + i * stride, stride, q, isum);                                       \
+                        else                                                                               \
+                            for (size_t k = 0; k < m; k++)                                                 \
+                                isum[k] = cb_q16_dot_scalar(wb + (i + k) * stride, q);                     \
+                        for (size_t k = 0; k < m; k++) {                                                   \
+                            float f = (float)isum[k];                                                      \
+                            f = f * d;                                                                     \
+                            f = f * scale[r + i + k];                                                      \
+                            acc[i + k] = acc[i + k] + f;                                                   \
+                        }                                                                                  \
                     }                                                                                      \
                 }                                                                                          \
                 float *yj = y[j] + r;                                                                      \
@@ -336,7 +346,9 @@ void cb_quantize_q16(const float *x, int16_t *q, float *d)
     }
 
 CB_MATMUL_Q16(cb_matmul_q16_scalar, cb_q16_isums_scalar)
+#if defined(CB_HAS_Q16_DOT)
 CB_MATMUL_Q16(cb_matmul_q16, cb_q16_isums_isa)
+#endif
 
 const char *cb_kernels_q16_isa(void)
 {

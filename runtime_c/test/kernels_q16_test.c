@@ -1,7 +1,7 @@
 /*
  * kernels_q16_test.c - the int16 matmul (kernels.h "int16 matmuls") through cb_matmul, the target's ISA path,
  * against cb_matmul_q16_scalar, bit for bit: rows that are and are not multiples of the ISA's eight and of a
- * quantization group's 64, 32..320 columns, 1..7 tokens, accumulating or not, the rows split in two calls,
+ * quantization group's 32, 32..320 columns, 1..7 tokens, accumulating or not, the rows split in two calls,
  * the tokens one call each; weights up to +-8191 with rows and activation blocks at the range's ends (a
  * block's dot at 32 * 8191^2, the largest the format allows), zero and tiny activation blocks. Also the
  * scalar definition against a double-precision sum (a gross error in it, not its rounding) and the

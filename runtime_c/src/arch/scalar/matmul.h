@@ -38,10 +38,6 @@ static float cb_row_dot(const cb_tensor *t, size_t r, const float *x)
 void cb_matmul_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const float *const *x, float *const *y,
                       const float *alpha, int accumulate)
 {
-    if (cb_is_int16(t->dtype)) { /* integer: its own definition (kernels.h "int16 matmuls") */
-        cb_matmul_q16_scalar(t, r0, r1, n, x, y, alpha, accumulate);
-        return;
-    }
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols), next = o;
     if (t->dtype == CB_F16) { /* eight rows a call, each row's dot as cb_row_dot's (f16 has no corrections) */
         for (size_t r = r0; r < r1; r += 8) {

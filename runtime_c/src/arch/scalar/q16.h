@@ -8,8 +8,15 @@
 
 #define CB_Q16_ROWS 8u /* rows of one cb_q16_isums call */
 
-/* cb_quantize_part's steps (arch/scalar/q8.h) with CB_Q16_MAX for 127, over one whole block */
-static inline void cb_quantize_q16_block(const float *x, int16_t *q, float *d)
+#if defined(__GNUC__)
+#define CB_Q16_INLINE static inline __attribute__((always_inline))
+#else
+#define CB_Q16_INLINE static inline
+#endif
+
+/* cb_quantize_part's steps (arch/scalar/q8.h) with CB_Q16_MAX for 127, over one whole block (inlined: no frame
+ * of its own on a microcontroller's stack) */
+CB_Q16_INLINE void cb_quantize_q16_block(const float *x, int16_t *q, float *d)
 {
     float amax = 0.0f;
     for (size_t k = 0; k < CB_ACT_BLOCK; k++) {
