@@ -394,14 +394,15 @@ static colibri_status cb_check_entry(cb_check *v, size_t i, unsigned kind, uint3
     }
     if (n_out && idx >= n_weights)
         return CB_BAD(COLIBRI_E_BAD_TENSOR); /* outlier gaps: the last index past the matrix */
-    /* int16: the kernels sum 32 products in int32, exact only for |q| <= CB_Q16_MAX */
+    /* int16: the kernels sum 32 products in int32, exact only for |q| <= CB_Q16_MAX (rows 64-byte aligned in
+     * an aligned blob: read as int16; q + MAX as unsigned is at most 2 MAX exactly when |q| <= MAX) */
     const uint8_t *data = v->b + cb_rd64(e + CB_E_DATA_OFF);
-    for (uint64_t r = 0; int16 && r < rows; r++)
-        for (uint64_t c = 0; c < cols; c++) {
-            uint16_t u = cb_rd16(data + r * stride + 2 * c);
-            if (u > CB_Q16_MAX && u < 0x10000u - CB_Q16_MAX)
+    for (uint64_t r = 0; int16 && r < rows; r++) {
+        const int16_t *q = (const int16_t *)(const void *)(data + r * stride);
+        for (uint64_t c = 0; c < cols; c++)
+            if ((uint32_t)(q[c] + CB_Q16_MAX) > 2u * CB_Q16_MAX)
                 return CB_BAD(COLIBRI_E_BAD_TENSOR); /* int16 data: a value outside [-8191, 8191] */
-        }
+    }
     return COLIBRI_OK;
 }
 
