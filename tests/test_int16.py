@@ -23,6 +23,7 @@ from colibri.codegen.reference import Reference
 from colibri.runtime import ColibriError, load
 
 from blobread import INT16, entries, entry_offset
+from blobread import weights as blob_weights
 from conftest import BIN, synth
 
 SHAPE = dict(layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, experts=4, top_k=2, vocab=150, seed=41)
@@ -138,3 +139,22 @@ def test_runtime_specialised_to_int8c_has_no_int16(ckpt, build_model):
     want = load(out16 / "model.bin", out8 / "libcolibri.so").forward([1])
     got = load(out16 / "model.bin", out16 / f"libcolibri_{out16.name}.so").forward([1])
     assert np.array_equal(want, got)
+
+
+def test_a_whole_model_in_int16_gives_the_references_tokens(ckpt, build_model):
+    """--quant int16: every matrix int16 (experts and lm_head included), through the specialised and the generic
+    runtime: the reference's greedy tokens on the blob's weights, logits within 1e-4 of its max."""
+    out = build_model(ckpt, "int16", "host")
+    raw = (out / "model.bin").read_bytes()
+    matrices = [e for e in entries(raw) if e["rows"] > 1 and e["kind"] not in (2, 9)]  # not rope_freq, the router
+    assert matrices and {e["dtype"] for e in matrices} == {INT16}
+    spec = open_checkpoint(ckpt).spec
+    ref = Reference(spec, blob_weights(out / "model.bin"), max_seq=64)
+    want_logits = ref.forward(PROMPT)
+    ref.reset()
+    want = ref.generate(PROMPT, 12)
+    for m in (load(out / f"libcolibri_{out.name}.so"), load(out / "model.bin")):
+        assert m.generate(PROMPT, 12) == want
+        m.reset()
+        got = m.forward(PROMPT)
+        assert float(np.max(np.abs(got - want_logits))) <= 1e-4 * float(np.max(np.abs(want_logits)))
