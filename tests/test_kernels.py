@@ -27,6 +27,7 @@ from colibri.toolchain.cli import runner_argv
 from colibri.toolchain.csources import FLOAT_CFLAGS, KERNEL_SRC, OPT_CFLAGS, WARN_CFLAGS, runtime_sources
 from colibri.toolchain.targets import load_target
 
+from cbuild import ASAN, sanitizer_report
 from targets_under_test import expected_kernel, names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,17 @@ def test_int16_kernels_match_scalar(target, tmp_path):
         isa = line.split()[1].rstrip(":")
         assert line.startswith("kernels_q16_test ") and isa == INT16_OF_INT8[expected_kernel(target, "int8")], line
         assert int(line.split()[2]) == 64 and int(line.split()[4]) > 10000, line
+
+
+@pytest.mark.parametrize("target", ["host", "x86_64-v3"])
+@pytest.mark.parametrize("program", ["kernels_q8_test", "kernels_q4_test"])
+def test_integer_kernels_under_asan(target, program, tmp_path):
+    """Each matrix its own exact-size heap block: an ISA path reading or writing past its rows (a decode
+    buffer's last group, a tile's padding) is a sanitizer report, not a silent over-read."""
+    exe = _build(target, tmp_path, *ASAN, program=program)
+    res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and not sanitizer_report(res.stderr), f"{res.stdout}\n{res.stderr[-3000:]}"
+    assert res.stdout.startswith(f"{program} avx"), res.stdout
 
 
 def test_forced_scalar_is_scalar(tmp_path):

@@ -128,32 +128,26 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
     return o;
 }
 
-#define CB_OUTL_PEND_PER_BLOCK 4u /* corrections added per block of the next tile (2-8 measured alike) */
+/* One token (decode) over a range of rows: the kernels (kernels_q8.c) write the rows' sums of up to
+ * CB_DECODE_ROWS rows into a buffer in one pass without their corrections, then cb_outl_rows adds the
+ * corrections of those rows in one tight walk and cb_decode_write their alpha and store: per row the operations
+ * of cb_finish in its order. (Against adding each tile's corrections a few per block during the next tile's
+ * pass, paired rounds on a Zen 4, 288M decode, 1 thread: int8c 1.47x on x86_64-v3 and 1.04x with AVX-512,
+ * int4c 1.20x on x86_64-v3 and 1.2-1.3x with AVX-512, where it now runs as fast as int4 without corrections.
+ * 512 rows measured as fast as 1024 and 4096, and faster than 64 and 256.) */
+#define CB_DECODE_ROWS 512u /* a multiple of CB_TILE_ROWS and CB_Q4_ROWS: 2 KB of stack */
 
-#define CB_OUTL_PEND_ROWS 16u /* rows of a tile at most (CB_TILE_ROWS, CB_Q4_ROWS) */
-#define CB_OUTL_MAGIC_SHIFT 40u
-#define CB_OUTL_MAGIC_COLS (1u << 18) /* widths below it take the multiply: CB_OUTL_PEND_ROWS * cols^2 < 2^40 */
-
-/* One token's corrections of a tile applied a few at a time inside the next tile's pass (the decode path,
- * kernels_q8.c): while the weights stream, the core has time for them. The tile's sums in dot (dot[i]: row
- * first / cols + i), the walk at its next correction, the flat end of its rows. Each correction is added as
- * cb_outl_apply adds it and in the same order. Its row is local / cols for its offset local in the tile,
- * computed as (local * magic) >> 40 with magic = 2^40 / cols + 1 (rounded down), not by a loop or a
- * division: magic * cols = 2^40 + e with 0 < e <= cols, so the product exceeds local / cols * 2^40 by
- * local * e / cols < 2^40 / cols while local * cols < 2^40, which keeps it below the next integer. That
- * holds for local < CB_OUTL_PEND_ROWS * cols when cols < CB_OUTL_MAGIC_COLS (2^18); wider matrices divide
- * (magic 0), as would an empty one (cols 0), in whose tiles no correction lies, so nothing is divided.
- * (A double multiplication did this before: a chain of four conversions and float operations to every
- * correction's load of x.) */
-typedef struct cb_outl_pend {
-    cb_outl o;
-    uint64_t first, end;
-    uint64_t magic;
-    const float *x;
-    float *dot;
-    size_t row; /* the row of dot the last correction went to (SIZE_MAX: none yet in this tile) */
-    float sum;  /* dot[row] as it was last stored */
-} cb_outl_pend;
+/* A correction's row is local / cols for its offset local in the rows, computed as (local * magic) >> 48 with
+ * magic = 2^48 / cols + 1 (rounded down), not by a division: magic * cols = 2^48 + e with 0 < e <= cols, so the
+ * product exceeds local / cols * 2^48 by local * e / cols < 2^48 / cols while local * cols < 2^48, which keeps
+ * it below the next integer. That holds for local < CB_DECODE_ROWS * cols when cols < CB_OUTL_MAGIC_COLS
+ * (2^19); wider matrices divide (magic 0), as would an empty one (cols 0), in which no correction lies, so
+ * nothing is divided. The product stays below 2^58. */
+#define CB_OUTL_MAGIC_SHIFT 48u
+#define CB_OUTL_MAGIC_COLS (1u << 19)
+_Static_assert((uint64_t)CB_DECODE_ROWS * CB_OUTL_MAGIC_COLS * CB_OUTL_MAGIC_COLS <= (uint64_t)1 << CB_OUTL_MAGIC_SHIFT,
+               "the magic's rows exact over a decode buffer");
+_Static_assert(CB_DECODE_ROWS % CB_TILE_ROWS == 0, "whole tiles in a decode buffer");
 
 /* The magic of a matrix cols wide (0: divide) */
 CB_OUTL_INLINE uint64_t cb_outl_magic(uint64_t cols)
@@ -161,50 +155,36 @@ CB_OUTL_INLINE uint64_t cb_outl_magic(uint64_t cols)
     return cols && cols < CB_OUTL_MAGIC_COLS ? ((uint64_t)1 << CB_OUTL_MAGIC_SHIFT) / cols + 1 : 0;
 }
 
-/* local / cols, for local < CB_OUTL_PEND_ROWS * cols and magic = cb_outl_magic(cols) */
-CB_OUTL_INLINE size_t cb_outl_pend_row(uint64_t local, uint64_t cols, uint64_t magic)
+/* local / cols, for local < CB_DECODE_ROWS * cols and magic = cb_outl_magic(cols) */
+CB_OUTL_INLINE size_t cb_outl_row(uint64_t local, uint64_t cols, uint64_t magic)
 {
     return (size_t)(magic ? (local * magic) >> CB_OUTL_MAGIC_SHIFT : local / cols);
 }
 
-/* p at the walk o, its corrections to be added to x's dots; no tile yet */
-CB_OUTL_INLINE cb_outl_pend cb_outl_pend_start(const cb_tensor *t, cb_outl o, const float *x)
+/* dot[i] += oval * x[col] for the corrections of the nr <= CB_DECODE_ROWS rows from row r (dot[i]: row r + i),
+ * in index order, o at the first of them; returns the walk past them. Consecutive corrections are
+ * independent but for a row's running sum, so the walk runs at the core's width. */
+CB_OUTL_INLINE cb_outl cb_outl_rows(const cb_tensor *t, cb_outl o, size_t r, size_t nr, const float *x, float *dot)
 {
-    cb_outl_pend p = {.o = o, .magic = cb_outl_magic(t->cols), .x = x, .row = SIZE_MAX};
-    return p;
-}
-
-/* p at the corrections of the nrows rows from row r, whose sums are dot[0..nrows) */
-CB_OUTL_INLINE void cb_outl_pend_tile(const cb_tensor *t, cb_outl_pend *p, size_t r, size_t nrows, float *dot)
-{
-    p->first = (uint64_t)r * t->cols;
-    p->end = p->first + (uint64_t)nrows * t->cols;
-    p->dot = dot;
-    p->row = SIZE_MAX;
-}
-
-/* At most max of the pending corrections. A row's corrections after its first add to the sum kept in a
- * register, not to dot[i] read back: that load would wait for the store just made (store-to-load forwarding
- * in every correction's chain). dot[i] is still stored after every correction, so dot holds every sum
- * whenever the walk stops. The same additions in the same order. (Against reading dot[i] back, paired
- * rounds on a Zen 3, x86_64-v3, 288M int8c decode: 1.04-1.07x; the same model with OUTLIER_FRAC=0, no
- * corrections at all: 1.22x.) */
-CB_OUTL_INLINE void cb_outl_pend_run(const cb_tensor *t, cb_outl_pend *p, unsigned max)
-{
-    cb_outl o = p->o;
-    size_t row = p->row;
-    float sum = p->sum;
-    for (unsigned s = 0; s < max && cb_outl_before(t, o, p->end); s++, o = cb_outl_step(t, o)) {
-        const uint64_t local = o.idx - p->first;
-        const size_t i = cb_outl_pend_row(local, t->cols, p->magic);
-        const float term = cb_f16_to_f32(t->oval[o.k]) * p->x[local - (uint64_t)i * t->cols];
-        sum = (i == row ? sum : p->dot[i]) + term;
-        p->dot[i] = sum;
-        row = i;
+    const uint64_t cols = t->cols, first = (uint64_t)r * cols, end = first + (uint64_t)nr * cols;
+    const uint64_t magic = cb_outl_magic(cols);
+    for (; cb_outl_before(t, o, end); o = cb_outl_step(t, o)) {
+        const uint64_t local = o.idx - first;
+        const size_t i = cb_outl_row(local, cols, magic);
+        dot[i] = dot[i] + cb_f16_to_f32(t->oval[o.k]) * x[local - (uint64_t)i * cols];
     }
-    p->o = o;
-    p->row = row;
-    p->sum = sum;
+    return o;
+}
+
+/* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < m: cb_finish's last steps */
+CB_OUTL_INLINE void cb_decode_write(float *y, const float *dot, size_t m, float a, int accumulate)
+{
+    if (accumulate)
+        for (size_t i = 0; i < m; i++)
+            y[i] = y[i] + a * dot[i];
+    else
+        for (size_t i = 0; i < m; i++)
+            y[i] = a * dot[i];
 }
 
 /* y[r] = (accumulate ? y[r] : 0) + alpha * (dot + row r's corrections times x), the walk o at row r's

@@ -30,10 +30,8 @@
 #include "arch/x86/q16.h"
 #include "arch/arm/q16.h"
 
-/* cb_outl_pend's row arithmetic holds for tiles of up to CB_OUTL_PEND_ROWS rows */
-_Static_assert(CB_TILE_ROWS <= CB_OUTL_PEND_ROWS, "a q8 tile the correction walk covers");
 #if defined(CB_Q4_ROWS)
-_Static_assert(CB_Q4_ROWS <= CB_OUTL_PEND_ROWS, "an int4 row group the correction walk covers");
+_Static_assert(CB_DECODE_ROWS % CB_Q4_ROWS == 0, "whole int4 row groups in a decode buffer");
 #endif
 
 /* The int4 matmul (kernels.h "int4 matmuls") with a given block dot: per row and token, the blocks in
@@ -66,60 +64,39 @@ CB_MATMUL_Q4(cb_matmul_q4_rows, cb_dot32_q4_isa)
 #define CB_Q4_TOKENS 32 /* tokens whose dots one pass over CB_Q4_ROWS rows keeps (a prefill block's) */
 
 /* An arch's cb_q4_rows (q4.h: out[j][i] = the dot of row r + i with token j, j < n <= 4) for one token
- * (decode; p: the previous rows' corrections, a few added each step) and for four tokens per pass (prefill) */
+ * and for four tokens per pass (prefill) */
 static inline __attribute__((always_inline)) void cb_q4_rows_isa(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                                 float out[CB_Q4_ROWS], cb_outl_pend *p)
+                                                                 float out[CB_Q4_ROWS])
 {
-    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out, p);
+    cb_q4_rows(t, r, xq, 1, (float(*)[CB_Q4_ROWS])out);
 }
 
 static inline void cb_q4_rows_x4_isa(const cb_tensor *t, size_t r, const cb_xq *xq, float (*out)[CB_Q4_ROWS])
 {
-    cb_q4_rows(t, r, xq, 4, out, NULL);
-}
-
-/* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < CB_Q4_ROWS: cb_finish's last steps */
-static inline void cb_q4_write(float *restrict y, const float *dot, float a, int accumulate)
-{
-    for (size_t i = 0; i < CB_Q4_ROWS; i++) {
-        float v = a * dot[i];
-        y[i] = accumulate ? y[i] + v : v;
-    }
+    cb_q4_rows(t, r, xq, 4, out);
 }
 
 /* CB_Q4_ROWS rows at a time (cb_q4_rows_isa: the same acc per row and token as cb_matmul_q4_def; four
  * tokens per pass over the rows where there are four), then the rows' corrections for all those tokens
  * (cb_outl_apply: each correction decoded once) and each (row, token)'s alpha and store: per (row, token)
- * the operations of cb_finish in its order. One token (decode): a group's corrections are added a few at a
- * time during the next group's pass (cb_outl_pend), the rest after it, then the group is written; the same
- * operations in the same order. (Against cb_outl_apply after each group, paired rounds on a Zen 5: int4c
- * decode 1.4x at 288M and 30M on AVX-512, 1.2x at 288M on AVX2; its walk row by row cost a data-dependent
- * branch per row.) The rows past the last CB_Q4_ROWS go through the
- * one-row kernel. */
+ * the operations of cb_finish in its order. One token (decode): the sums of up to CB_DECODE_ROWS rows, then
+ * their corrections in one walk (kernels_outl.h cb_outl_rows), then their stores; the same operations in the
+ * same order. The rows past the last CB_Q4_ROWS go through the one-row kernel. */
 static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
 {
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
     size_t r = r0;
-    if (n == 1) { /* decode: each group's corrections added during the next group's pass (cb_outl_pend) */
-        float dot[2][CB_Q4_ROWS];
-        cb_outl_pend p = cb_outl_pend_start(t, o, x[0]);
-        size_t prev = r1, buf = 0;
-        for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS, buf ^= 1) {
-            cb_q4_rows_isa(t, r, xq, dot[buf], &p);
-            if (prev != r1) {
-                cb_outl_pend_run(t, &p, UINT32_MAX);
-                cb_q4_write(y[0] + prev, dot[buf ^ 1], alpha[0], accumulate);
-            }
-            cb_outl_pend_tile(t, &p, r, CB_Q4_ROWS, dot[buf]);
-            prev = r;
+    if (n == 1) /* decode */
+        while (r + CB_Q4_ROWS <= r1) {
+            float dot[CB_DECODE_ROWS];
+            const size_t m = r1 - r >= CB_DECODE_ROWS ? CB_DECODE_ROWS : (r1 - r) / CB_Q4_ROWS * CB_Q4_ROWS;
+            for (size_t i = 0; i < m; i += CB_Q4_ROWS)
+                cb_q4_rows_isa(t, r + i, xq, dot + i);
+            o = cb_outl_rows(t, o, r, m, x[0], dot);
+            cb_decode_write(y[0] + r, dot, m, alpha[0], accumulate);
+            r += m;
         }
-        if (prev != r1) {
-            cb_outl_pend_run(t, &p, UINT32_MAX);
-            cb_q4_write(y[0] + prev, dot[buf ^ 1], alpha[0], accumulate);
-        }
-        o = p.o;
-    }
     for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS) {
         cb_outl next = o;
         for (size_t j0 = 0; j0 < n; j0 += CB_Q4_TOKENS) {
@@ -129,10 +106,10 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
             for (; j + 4 <= m; j += 4)
                 cb_q4_rows_x4_isa(t, r, &xq[j0 + j], &dot[j]);
             for (; j < m; j++)
-                cb_q4_rows_isa(t, r, &xq[j0 + j], dot[j], NULL);
+                cb_q4_rows_isa(t, r, &xq[j0 + j], dot[j]);
             next = cb_outl_apply(t, o, r, CB_Q4_ROWS, m, x + j0, &dot[0][0], CB_Q4_ROWS);
             for (j = 0; j < m; j++)
-                cb_q4_write(y[j0 + j] + r, dot[j], alpha[j0 + j], accumulate);
+                cb_decode_write(y[j0 + j] + r, dot[j], CB_Q4_ROWS, alpha[j0 + j], accumulate);
         }
         o = next;
     }
@@ -211,33 +188,23 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
     return o;
 }
 
-#if defined(CB_HAS_Q8_PEND)
-/* One token (decode) over a matrix with corrections: each tile's corrections are added during the next
- * tile's pass (cb_outl_pend, a few per block), the rest after it, then the tile is written. The same
- * operations in the same order as cb_tile_finish. */
-static void cb_matmul_q8_pend(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq, const float *const *x,
-                              float *const *y, const float *alpha, int accumulate)
+/* One token (decode): the sums of up to CB_DECODE_ROWS rows (whole tiles: a last partial tile's rows past r1
+ * land in the buffer's room and are not written), then their corrections in one walk (kernels_outl.h
+ * cb_outl_rows), then their stores. The same operations in the same order as cb_tile_finish. */
+static void cb_matmul_q8_decode(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq, const float *x,
+                                float *y, float alpha, int accumulate)
 {
-    float dot[2][1][CB_TILE_ROWS];
-    cb_outl_pend p = cb_outl_pend_start(t, cb_outl_seek(t, (uint64_t)r0 * t->cols), x[0]);
-    size_t prev = r1, prev_nr = 0, b = 0;
-    for (size_t r = r0; r < r1; r += CB_TILE_ROWS, b ^= 1) {
-        size_t nr = r1 - r < CB_TILE_ROWS ? r1 - r : CB_TILE_ROWS;
-        cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, xq, &p), dot[b][0]);
-        if (prev != r1) {
-            cb_outl_pend_run(t, &p, UINT32_MAX);
-            cb_tile_write(prev, prev_nr, 1, dot[b ^ 1], alpha, y, accumulate);
-        }
-        cb_outl_pend_tile(t, &p, r, nr, dot[b][0]);
-        prev = r;
-        prev_nr = nr;
-    }
-    if (prev != r1) {
-        cb_outl_pend_run(t, &p, UINT32_MAX);
-        cb_tile_write(prev, prev_nr, 1, dot[b ^ 1], alpha, y, accumulate);
+    cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
+    for (size_t r = r0; r < r1;) {
+        float dot[CB_DECODE_ROWS];
+        const size_t m = r1 - r < CB_DECODE_ROWS ? r1 - r : CB_DECODE_ROWS;
+        for (size_t i = 0; i < m; i += CB_TILE_ROWS)
+            cb_tile_store(cb_tile_dot(t, (r + i) / CB_TILE_ROWS, xq), dot + i);
+        o = cb_outl_rows(t, o, r, m, x, dot);
+        cb_decode_write(y + r, dot, m, alpha, accumulate);
+        r += m;
     }
 }
-#endif
 
 static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
@@ -246,12 +213,10 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
         cb_matmul_q8_scalar(t, r0, r1, n, xq, x, y, alpha, accumulate);
         return;
     }
-#if defined(CB_HAS_Q8_PEND)
-    if (n == 1 && t->n_outliers) {
-        cb_matmul_q8_pend(t, r0, r1, xq, x, y, alpha, accumulate);
+    if (n == 1) {
+        cb_matmul_q8_decode(t, r0, r1, xq, x[0], y[0], alpha[0], accumulate);
         return;
     }
-#endif
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
     float dot[CB_MAX_TOKENS][CB_TILE_ROWS];
     for (size_t r = r0; r < r1; r += CB_TILE_ROWS) { /* r0 is a tile's first row */
@@ -264,7 +229,7 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
                 cb_tile_dot4(t, r / CB_TILE_ROWS, &xq[j0 + j], &dot[j]);
 #endif
             for (; j < m; j++)
-                cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j], NULL), dot[j]);
+                cb_tile_store(cb_tile_dot(t, r / CB_TILE_ROWS, &xq[j0 + j]), dot[j]);
             cb_outl next = cb_tile_finish(t, o, r, nr, m, x + j0, dot, alpha + j0, y + j0, accumulate);
             if (j0 + m >= n)
                 o = next;

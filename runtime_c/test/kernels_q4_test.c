@@ -245,6 +245,46 @@ static int check_dequant(const mat *m)
     return 0;
 }
 
+#if !defined(CB_TEST_BARE_METAL)
+#define TALL_ROWS (2u * CB_DECODE_ROWS + 37u) /* three decode buffers, rows past the last whole group */
+
+/* One token (decode) over a matrix taller than a decode buffer (kernels_q8.c: CB_DECODE_ROWS rows of sums, then
+ * their corrections, then their stores): the ISA path over all rows and split at a row that is not a buffer's
+ * boundary equals the scalar definition bit for bit, and writes no row past the range. (Not on the MCUs:
+ * their paths have no decode buffer, and the matrix is larger than their pool.) */
+static int check_tall_decode(rng *r, size_t *cases)
+{
+    static float yv[3][TALL_ROWS + 16];
+    static acts a;
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        const size_t rows = TALL_ROWS, cols = 100, split = CB_DECODE_ROWS / 2u + 16u;
+        mat m;
+        if (make(&m, rows, cols, CB_F16, 1, r))
+            return 1;
+        make_acts(&a, 1, cols, r);
+        const float *x[1] = {a.x[0]};
+        float *y[3] = {yv[0], yv[1], yv[2]};
+        const float alpha = 0.75f;
+        for (int v = 0; v < 3; v++)
+            for (size_t i = 0; i < rows + 16; i++)
+                yv[v][i] = i < rows ? (float)(i % 7) - 3.0f : SENTINEL;
+        cb_matmul_q4_scalar(&m.t, 0, rows, 1, a.xq, x, &y[0], &alpha, accumulate);
+        cb_matmul_q8(&m.t, 0, rows, 1, a.xq, x, &y[1], &alpha, accumulate);
+        cb_matmul_q8(&m.t, 0, split, 1, a.xq, x, &y[2], &alpha, accumulate);
+        cb_matmul_q8(&m.t, split, rows, 1, a.xq, x, &y[2], &alpha, accumulate);
+        for (size_t i = 0; i < rows + 16; i++)
+            for (int v = 1; v < 3; v++)
+                if (memcmp(&yv[v][i], &yv[0][i], sizeof(float)) != 0)
+                    return fail(v == 1 ? "tall decode" : "tall decode split", rows, cols, i, 0, yv[v][i], yv[0][i]);
+        if (yv[0][rows] != SENTINEL)
+            return fail("write beyond rows", rows, cols, rows, 0, yv[0][rows], SENTINEL);
+        release(&m);
+        ++*cases;
+    }
+    return 0;
+}
+#endif
+
 int main(void)
 {
     static const size_t row_counts[] = {1, 5, 16, 17, 40};
@@ -252,6 +292,10 @@ int main(void)
     rng r = {0x2545F4914F6CDD1Dull};
     static acts a;
     size_t cases = 0, outputs = 0;
+#if !defined(CB_TEST_BARE_METAL)
+    if (check_tall_decode(&r, &cases))
+        return 1;
+#endif
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
         for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)
             for (int variant = 0; variant < 4; variant++) {

@@ -353,40 +353,79 @@ static int check_outl_walk(rng *r, size_t *cases)
     return 0;
 }
 
-/* The decode walk's row of a correction (cb_outl_pend_row: a multiply and shift for matrices narrower than
- * 2^18 columns, a division beyond) against the division, across its whole range: for widths from 1 to
- * past 2^18, at both sides of every row boundary of a 16-row tile (where a rounded-up reciprocal would
- * land a row too far) and at random offsets in it. */
-static int check_pend_row(uint64_t local, uint64_t cols, uint64_t magic)
+/* The decode walk's row of a correction (cb_outl_row: a multiply and shift for matrices narrower than
+ * 2^19 columns, a division beyond) against the division, across its whole range: for widths from 1 to
+ * past 2^19, at both sides of every row boundary of a decode buffer (CB_DECODE_ROWS rows, where a rounded-up
+ * reciprocal would land a row too far) and at random offsets in it. */
+static int check_outl_row(uint64_t local, uint64_t cols, uint64_t magic)
 {
-    const size_t got = cb_outl_pend_row(local, cols, magic);
+    const size_t got = cb_outl_row(local, cols, magic);
     if (got == local / cols)
         return 0;
-    return fail("pending correction's row", CB_OUTL_PEND_ROWS, (size_t)cols, 0, (size_t)(local / cols), 0,
-                (double)got, (double)(local / cols));
+    return fail("correction's row", CB_DECODE_ROWS, (size_t)cols, 0, (size_t)(local / cols), 0, (double)got,
+                (double)(local / cols));
 }
 
-static int check_pend_rows(rng *r, size_t *cases)
+static int check_outl_rows(rng *r, size_t *cases)
 {
-    static const uint64_t widths[] = {1, 2, 3, 7, 31, 32, 33, 100, 1000, 4095, 65535, 65536, 99991,
+    static const uint64_t widths[] = {1, 2, 3, 7, 31, 32, 33, 100, 1000, 4095, 65535, 65536, 99991, 262143,
                                       CB_OUTL_MAGIC_COLS - 1, CB_OUTL_MAGIC_COLS, CB_OUTL_MAGIC_COLS + 1, 1000003};
     for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
-        const uint64_t cols = widths[w], magic = cb_outl_magic(cols), span = CB_OUTL_PEND_ROWS * cols;
-        for (uint64_t k = 0; k <= CB_OUTL_PEND_ROWS; k++)
+        const uint64_t cols = widths[w], magic = cb_outl_magic(cols), span = CB_DECODE_ROWS * cols;
+        for (uint64_t k = 0; k <= CB_DECODE_ROWS; k++)
             for (int d = -1; d <= 1; d++) {
                 const uint64_t local = k * cols + (uint64_t)(int64_t)d;
-                if (!(d < 0 && k == 0) && local < span && check_pend_row(local, cols, magic))
+                if (!(d < 0 && k == 0) && local < span && check_outl_row(local, cols, magic))
                     return 1;
             }
         for (int i = 0; i < 256; i++) {
             const uint64_t hi = next(r), local = (hi << 32 | next(r)) % span;
-            if (check_pend_row(local, cols, magic))
+            if (check_outl_row(local, cols, magic))
                 return 1;
         }
         ++*cases;
     }
     return 0;
 }
+
+#if !defined(CB_TEST_BARE_METAL)
+#define TALL_ROWS (2u * CB_DECODE_ROWS + 37u) /* three decode buffers, the last one's last tile partial */
+
+/* One token (decode) over a matrix taller than a decode buffer (kernels_q8.c: CB_DECODE_ROWS rows of sums, then
+ * their corrections, then their stores): the ISA path over all rows and split on a tile boundary that is not
+ * a buffer's equals the scalar kernel bit for bit, and writes no row past the range. (Not on the MCUs: their
+ * paths have no decode buffer, and the matrix is larger than their pool.) */
+static int check_tall_decode(rng *r, size_t *cases)
+{
+    static float yv[3][TALL_ROWS + 16];
+    static acts a;
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        const size_t rows = TALL_ROWS, cols = 64, split = CB_DECODE_ROWS / 2u + 16u;
+        pair p;
+        if (make(&p, rows, cols, 32, CB_F16, 1, r) || make_acts(&a, 1, cols, r))
+            return 1;
+        const float *x[1] = {a.x[0]};
+        float *y[3] = {yv[0], yv[1], yv[2]};
+        const float alpha = 0.75f;
+        for (int v = 0; v < 3; v++)
+            for (size_t i = 0; i < rows + 16; i++)
+                yv[v][i] = i < rows ? (float)(i % 7) - 3.0f : SENTINEL;
+        cb_matmul_q8_scalar(&p.rows, 0, rows, 1, a.xq, x, &y[0], &alpha, accumulate);
+        cb_matmul_q8(&p.tiled, 0, rows, 1, a.xq, x, &y[1], &alpha, accumulate);
+        cb_matmul_q8(&p.tiled, 0, split, 1, a.xq, x, &y[2], &alpha, accumulate);
+        cb_matmul_q8(&p.tiled, split, rows, 1, a.xq, x, &y[2], &alpha, accumulate);
+        for (size_t i = 0; i < rows + 16; i++)
+            for (int v = 1; v < 3; v++)
+                if (memcmp(&yv[v][i], &yv[0][i], sizeof(float)) != 0)
+                    return fail(v == 1 ? "tall decode" : "tall decode split", rows, cols, 32, i, 0, yv[v][i], yv[0][i]);
+        if (yv[0][rows] != SENTINEL)
+            return fail("write beyond rows", rows, cols, 32, rows, 0, yv[0][rows], SENTINEL);
+        release(&p);
+        ++*cases;
+    }
+    return 0;
+}
+#endif
 
 int main(void)
 {
@@ -395,8 +434,12 @@ int main(void)
     rng r = {0x9E3779B97F4A7C15ull};
     static acts a;
     size_t cases = 0, outputs = 0;
-    if (check_quantizer(&r) || check_outl_walk(&r, &cases) || check_pend_rows(&r, &cases))
+    if (check_quantizer(&r) || check_outl_walk(&r, &cases) || check_outl_rows(&r, &cases))
         return 1;
+#if !defined(CB_TEST_BARE_METAL)
+    if (check_tall_decode(&r, &cases))
+        return 1;
+#endif
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
         for (size_t ci = 0; ci < sizeof col_counts / sizeof *col_counts; ci++)
             for (int variant = 0; variant < 6; variant++) {

@@ -63,7 +63,7 @@ static inline int32_t cb_dot32_q4_isa(const uint8_t *w, const int8_t *q, int32_t
  * decoded once a block for all n tokens. Exact integer sums, the same float operations in the same order:
  * the scalar definition's bits. */
 static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                             size_t n, float (*out)[CB_Q4_ROWS], cb_outl_pend *p)
+                                                             size_t n, float (*out)[CB_Q4_ROWS])
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -74,8 +74,6 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
     const uint8_t *ahead = w + CB_Q4_PREFETCH;
     for (size_t b = 0; b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
         __builtin_prefetch(ahead);
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         int8x16_t l0, h0, l1, h1, l2, h2, l3, h3;
         cb_q4_nibbles(w, &l0, &h0);
         cb_q4_nibbles(w + stride, &l1, &h1);

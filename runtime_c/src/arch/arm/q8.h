@@ -203,15 +203,8 @@ static inline float32x4_t cb_step(float32x4_t acc, int32x4_t isum, float32x4_t d
     return vaddq_f32(acc, vmulq_f32(vmulq_f32(vcvtq_f32_s32(isum), d), sc));
 }
 
-#if defined(CB_ARM_A64)
-#define CB_HAS_Q8_PEND 1 /* cb_tile_dot takes p: the previous tile's corrections, a few per block */
-#endif
-
-static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq, cb_outl_pend *p)
+static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
 {
-#if !defined(CB_ARM_A64)
-    (void)p; /* no CB_HAS_Q8_PEND */
-#endif
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
     const float32x4_t zero = vdupq_n_f32(0.0f);
@@ -231,10 +224,7 @@ static cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq,
         int32x4_t isum[4] = {cb_quad_isum(w, q), cb_quad_isum(w + 16, q), cb_quad_isum(w + 32, q),
                              cb_quad_isum(w + 48, q)};
         float d = xq->d[b];
-#if defined(CB_ARM_A64)
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
-#else
+#if !defined(CB_ARM_A64)
         if (!(exact && least > 0.0f && (d == 0.0f || (d >= 0x1p-126f && d * least >= 0x1p-103f)))) {
             acc = cb_steps_vfp(acc, isum, d, sc);
             exact = cb_neon_exact(acc);

@@ -67,9 +67,8 @@ static inline vint32m4_t cb_tile_isum(const int8_t *w, const int8_t *q, size_t v
     return acc;
 }
 
-static vfloat32m4_t cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq, cb_outl_pend *p)
+static vfloat32m4_t cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
 {
-    (void)p; /* no CB_HAS_Q8_PEND */
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const size_t vl = __riscv_vsetvl_e32m4(CB_TILE_ROWS); /* 16: VLMAX of e32m4 (= e16m2, e8m1) is >= 16 */
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;

@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by4(const uint8_t *
 /* out[j][i] = the dot of row r + i with token j (xq[j]), i < 8, j < n <= 4: the scalar kernel's acc before
  * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
 static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                             size_t n, float (*out)[CB_Q4_ROWS], cb_outl_pend *p)
+                                                             size_t n, float (*out)[CB_Q4_ROWS])
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -161,14 +161,10 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
             for (size_t l = 0; l < 512; l += 64)
                 _mm_prefetch(ahead + l, _MM_HINT_T0);
             cb_q4_rows_by4(w, stride, (const uint16_t *)(const void *)sc, blocks, b, xq, n, acc);
-            if (p)
-                cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         }
     for (w += b * (CB_ACT_BLOCK / 2); b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 128) {
         _mm_prefetch(ahead, _MM_HINT_T0);
         _mm_prefetch(ahead + 64, _MM_HINT_T0);
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m512i lo03, hi03, lo47, hi47;
         cb_q4_unpack4(w, stride, &lo03, &hi03);
         cb_q4_unpack4(w + 4 * stride, stride, &lo47, &hi47);
@@ -292,7 +288,7 @@ static inline __attribute__((always_inline)) void cb_q4_rows_by2(const uint8_t *
 /* out[j][i] = the dot of row r + i with token j (xq[j]), i < 4, j < n <= 4: the scalar kernel's acc before
  * cb_finish. The rows' nibbles and scales are loaded once a block for all n tokens. */
 static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t, size_t r, const cb_xq *xq,
-                                                             size_t n, float (*out)[CB_Q4_ROWS], cb_outl_pend *p)
+                                                             size_t n, float (*out)[CB_Q4_ROWS])
 {
     const size_t blocks = t->n_groups, stride = t->row_stride;
     const uint8_t *w = t->data + r * stride;
@@ -310,8 +306,6 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
         _mm_prefetch(ahead, _MM_HINT_T0);                              \
         _mm_prefetch(ahead + 64, _MM_HINT_T0);                         \
         cb_q4_rows_by2(w, stride, (s4), b, xq, n, acc);                \
-        if (p)                                                         \
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);            \
         b += 2;                                                        \
         ahead += 128;                                                  \
     } while (0)
@@ -342,8 +336,6 @@ static inline __attribute__((always_inline)) void cb_q4_rows(const cb_tensor *t,
     }
     for (w += b * (CB_ACT_BLOCK / 2); b < blocks; b++, w += CB_ACT_BLOCK / 2, ahead += 64) {
         _mm_prefetch(ahead, _MM_HINT_T0);
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m256i lo01, hi01, lo23, hi23;
         cb_q4_unpack2(w, w + stride, &lo01, &hi01);
         cb_q4_unpack2(w + 2 * stride, w + 3 * stride, &lo23, &hi23);

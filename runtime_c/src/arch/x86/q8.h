@@ -115,10 +115,7 @@ static inline __attribute__((always_inline)) __m512i cb_tile_isum(const int8_t *
 /* acc[16] (one lane per row of the tile) over every block, as the scalar kernel orders it */
 typedef __m512 cb_tile_acc;
 
-#define CB_HAS_Q8_PEND 1 /* cb_tile_dot takes p: the previous tile's corrections, a few per block */
-
-static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq,
-                                                                 cb_outl_pend *p)
+static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
@@ -131,8 +128,6 @@ static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor 
             left = per_group;
         }
         __m512 f = _mm512_cvtepi32_ps(cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, xq->s[b]));
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         f = _mm512_mul_ps(f, _mm512_set1_ps(xq->d[b]));
         acc = _mm512_add_ps(acc, _mm512_mul_ps(f, sc));
     }
@@ -232,10 +227,8 @@ typedef struct cb_tile_acc {
     __m256 lo, hi;
 } cb_tile_acc;
 
-#define CB_HAS_Q8_PEND 1 /* cb_tile_dot takes p: the previous tile's corrections, a few per block */
-
 static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile,
-                                                                     const cb_xq *xq, cb_outl_pend *p)
+                                                                     const cb_xq *xq)
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
@@ -247,8 +240,6 @@ static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_te
         }
         __m256i i0, i1;
         cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, &i0, &i1);
-        if (p)
-            cb_outl_pend_run(t, p, CB_OUTL_PEND_PER_BLOCK);
         __m256 d = _mm256_set1_ps(xq->d[b]);
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i0), d), s0));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i1), d), s1));
