@@ -60,8 +60,11 @@ static inline void cb_quantize_block_isa(const float *x, int8_t *q, float *d, in
 #if defined(CB_HAS_Q8_TILES)
 #ifndef CB_Q8_PREFETCH
 /* bytes ahead of the weights being read. Against none: +15-25% decode (1-8 KiB alike on a Xeon). Against
- * 4 KiB on an EPYC Zen 5: 288M decode +3-17%, 30M +6% (paired rounds; 32-64 KiB were no better). */
-#define CB_Q8_PREFETCH 16384
+ * 4 KiB on an EPYC Zen 5: 288M decode +3-17%, 30M +6% (paired rounds; 32-64 KiB were no better). With decode's
+ * corrections after each 512 rows (kernels_outl.h), on an EPYC Zen 4, 288M int8c decode, 11 paired rounds:
+ * 8 KiB against 16 KiB 1.12x on x86_64-v3 [1.04-1.47] and 1.07x with AVX-512 [0.93-1.64], 4 KiB 1.13x and
+ * 1.02x, 32 KiB 1.01x; prefill alike. */
+#define CB_Q8_PREFETCH 8192
 #endif
 
 /* A tile's sixteen f16 (or f32) scales of group g, as two halves of 8 f32 lanes (rows 0-7, 8-15). */
