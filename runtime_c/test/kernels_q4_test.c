@@ -12,6 +12,7 @@
  *     at once, the rows split in two ranges, and one token at a time;
  *   - the scalar result is within 1e-5 of the definition evaluated in double (the nibbles unpacked
  *     here, exact integer block sums, the corrections times x), and no output past the rows is written;
+ *   - on Linux targets, one token over a matrix taller than a decode buffer (test_tall.h), whole and split;
  *   - cb_dequant_row (the embedding lookup) gives scale * (nibble - 8) + correction exactly.
  * Prints "kernels_q4_test <isa>: <cases> cases, <outputs> outputs" and exits 1 on the first failure.
  */
@@ -246,7 +247,7 @@ static int check_dequant(const mat *m)
 }
 
 #if !defined(CB_TEST_BARE_METAL)
-#define TALL_ROWS (2u * CB_DECODE_ROWS + 37u) /* three decode buffers, rows past the last whole group */
+#include "test_tall.h"
 
 /* One token (decode) over a matrix taller than a decode buffer (kernels_q8.c: CB_DECODE_ROWS rows of sums, then
  * their corrections, then their stores): the ISA path over all rows and split at a row that is not a buffer's
@@ -254,30 +255,17 @@ static int check_dequant(const mat *m)
  * their paths have no decode buffer, and the matrix is larger than their pool.) */
 static int check_tall_decode(rng *r, size_t *cases)
 {
-    static float yv[3][TALL_ROWS + 16];
     static acts a;
     for (int accumulate = 0; accumulate < 2; accumulate++) {
-        const size_t rows = TALL_ROWS, cols = 100, split = CB_DECODE_ROWS / 2u + 16u;
         mat m;
-        if (make(&m, rows, cols, CB_F16, 1, r))
+        size_t row;
+        float got, want;
+        if (make(&m, TALL_ROWS, 100, CB_F16, 1, r))
             return 1;
-        make_acts(&a, 1, cols, r);
-        const float *x[1] = {a.x[0]};
-        float *y[3] = {yv[0], yv[1], yv[2]};
-        const float alpha = 0.75f;
-        for (int v = 0; v < 3; v++)
-            for (size_t i = 0; i < rows + 16; i++)
-                yv[v][i] = i < rows ? (float)(i % 7) - 3.0f : SENTINEL;
-        cb_matmul_q4_scalar(&m.t, 0, rows, 1, a.xq, x, &y[0], &alpha, accumulate);
-        cb_matmul_q8(&m.t, 0, rows, 1, a.xq, x, &y[1], &alpha, accumulate);
-        cb_matmul_q8(&m.t, 0, split, 1, a.xq, x, &y[2], &alpha, accumulate);
-        cb_matmul_q8(&m.t, split, rows, 1, a.xq, x, &y[2], &alpha, accumulate);
-        for (size_t i = 0; i < rows + 16; i++)
-            for (int v = 1; v < 3; v++)
-                if (memcmp(&yv[v][i], &yv[0][i], sizeof(float)) != 0)
-                    return fail(v == 1 ? "tall decode" : "tall decode split", rows, cols, i, 0, yv[v][i], yv[0][i]);
-        if (yv[0][rows] != SENTINEL)
-            return fail("write beyond rows", rows, cols, rows, 0, yv[0][rows], SENTINEL);
+        make_acts(&a, 1, 100, r);
+        int v = tall_decode(cb_matmul_q4_scalar, &m.t, &m.t, a.xq, a.x[0], accumulate, &row, &got, &want);
+        if (v)
+            return fail(tall_what[v], TALL_ROWS, 100, row, 0, got, want);
         release(&m);
         ++*cases;
     }

@@ -12,6 +12,7 @@
  *   - the scalar result is within 1e-5 of the definition evaluated in double
  *     (exact integer block sums, the corrections times x);
  *   - cb_quantize_q8 keeps |q| <= 127, s = sum q, and |x - q d| <= d / 2 (+ rounding) per value;
+ *   - on Linux targets, one token over a matrix taller than a decode buffer (test_tall.h), whole and split;
  *   - the int8c correction walk (kernels_outl.h: cb_outl_seek, cb_outl_apply, cb_finish), which every
  *     path shares, against a definition that decodes the flat indices itself: the same bits per
  *     (row, token) for 1..16 rows and 1..3 tokens from any start row, including runs of corrections
@@ -389,7 +390,7 @@ static int check_outl_rows(rng *r, size_t *cases)
 }
 
 #if !defined(CB_TEST_BARE_METAL)
-#define TALL_ROWS (2u * CB_DECODE_ROWS + 37u) /* three decode buffers, the last one's last tile partial */
+#include "test_tall.h"
 
 /* One token (decode) over a matrix taller than a decode buffer (kernels_q8.c: CB_DECODE_ROWS rows of sums, then
  * their corrections, then their stores): the ISA path over all rows and split on a tile boundary that is not
@@ -397,29 +398,16 @@ static int check_outl_rows(rng *r, size_t *cases)
  * paths have no decode buffer, and the matrix is larger than their pool.) */
 static int check_tall_decode(rng *r, size_t *cases)
 {
-    static float yv[3][TALL_ROWS + 16];
     static acts a;
     for (int accumulate = 0; accumulate < 2; accumulate++) {
-        const size_t rows = TALL_ROWS, cols = 64, split = CB_DECODE_ROWS / 2u + 16u;
         pair p;
-        if (make(&p, rows, cols, 32, CB_F16, 1, r) || make_acts(&a, 1, cols, r))
+        size_t row;
+        float got, want;
+        if (make(&p, TALL_ROWS, 64, 32, CB_F16, 1, r) || make_acts(&a, 1, 64, r))
             return 1;
-        const float *x[1] = {a.x[0]};
-        float *y[3] = {yv[0], yv[1], yv[2]};
-        const float alpha = 0.75f;
-        for (int v = 0; v < 3; v++)
-            for (size_t i = 0; i < rows + 16; i++)
-                yv[v][i] = i < rows ? (float)(i % 7) - 3.0f : SENTINEL;
-        cb_matmul_q8_scalar(&p.rows, 0, rows, 1, a.xq, x, &y[0], &alpha, accumulate);
-        cb_matmul_q8(&p.tiled, 0, rows, 1, a.xq, x, &y[1], &alpha, accumulate);
-        cb_matmul_q8(&p.tiled, 0, split, 1, a.xq, x, &y[2], &alpha, accumulate);
-        cb_matmul_q8(&p.tiled, split, rows, 1, a.xq, x, &y[2], &alpha, accumulate);
-        for (size_t i = 0; i < rows + 16; i++)
-            for (int v = 1; v < 3; v++)
-                if (memcmp(&yv[v][i], &yv[0][i], sizeof(float)) != 0)
-                    return fail(v == 1 ? "tall decode" : "tall decode split", rows, cols, 32, i, 0, yv[v][i], yv[0][i]);
-        if (yv[0][rows] != SENTINEL)
-            return fail("write beyond rows", rows, cols, 32, rows, 0, yv[0][rows], SENTINEL);
+        int v = tall_decode(cb_matmul_q8_scalar, &p.rows, &p.tiled, a.xq, a.x[0], accumulate, &row, &got, &want);
+        if (v)
+            return fail(tall_what[v], TALL_ROWS, 64, 32, row, 0, got, want);
         release(&p);
         ++*cases;
     }
