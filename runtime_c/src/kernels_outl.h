@@ -130,7 +130,7 @@ CB_OUTL_INLINE cb_outl cb_outl_apply(const cb_tensor *t, cb_outl o, size_t r, si
 
 /* One token (decode) over a range of rows: the kernels (kernels_q8.c) write the rows' sums of up to
  * CB_DECODE_ROWS rows into a buffer in one pass without their corrections, then cb_outl_rows adds the
- * corrections of those rows in one tight walk and cb_decode_write their alpha and store: per row the operations
+ * corrections of those rows in one tight walk and cb_rows_write their alpha and store: per row the operations
  * of cb_finish in its order. (Against adding each tile's corrections a few per block during the next tile's
  * pass, paired rounds on a Zen 4, 288M decode, 1 thread: int8c 1.47x on x86_64-v3 and 1.04x with AVX-512,
  * int4c 1.20x on x86_64-v3 and 1.2-1.3x with AVX-512, where it now runs as fast as int4 without corrections.
@@ -176,8 +176,9 @@ CB_OUTL_INLINE cb_outl cb_outl_rows(const cb_tensor *t, cb_outl o, size_t r, siz
     return o;
 }
 
-/* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < m: cb_finish's last steps */
-CB_OUTL_INLINE void cb_decode_write(float *y, const float *dot, size_t m, float a, int accumulate)
+/* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < m: cb_finish's last steps, for a run of rows. Each element
+ * is the same one product (and sum) in any case, so vector code changes no bit. */
+CB_OUTL_INLINE void cb_rows_write(float *restrict y, const float *restrict dot, size_t m, float a, int accumulate)
 {
     if (accumulate)
         for (size_t i = 0; i < m; i++)

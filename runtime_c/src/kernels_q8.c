@@ -94,7 +94,7 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
             for (size_t i = 0; i < m; i += CB_Q4_ROWS)
                 cb_q4_rows_isa(t, r + i, xq, dot + i);
             o = cb_outl_rows(t, o, r, m, x[0], dot);
-            cb_decode_write(y[0] + r, dot, m, alpha[0], accumulate);
+            cb_rows_write(y[0] + r, dot, m, alpha[0], accumulate);
             r += m;
         }
     for (; r + CB_Q4_ROWS <= r1; r += CB_Q4_ROWS) {
@@ -109,7 +109,7 @@ static void cb_matmul_q4_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
                 cb_q4_rows_isa(t, r, &xq[j0 + j], dot[j]);
             next = cb_outl_apply(t, o, r, CB_Q4_ROWS, m, x + j0, &dot[0][0], CB_Q4_ROWS);
             for (j = 0; j < m; j++)
-                cb_decode_write(y[j0 + j] + r, dot[j], CB_Q4_ROWS, alpha[j0 + j], accumulate);
+                cb_rows_write(y[j0 + j] + r, dot[j], CB_Q4_ROWS, alpha[j0 + j], accumulate);
         }
         o = next;
     }
@@ -145,36 +145,12 @@ void cb_quantize_q8(const float *x, size_t n, int8_t *q, float *d, int32_t *s)
 
 #define CB_MAX_TOKENS 32 /* tokens whose dots one pass over a tile keeps (a prefill block's) */
 
-/* A whole tile's rows of one token: y[i] (+)= a * d[i]. Separate functions with restrict parameters, as
- * loops inside the loop over tokens are not vectorised at -O2 (a nest, the pointers from arrays); each
- * element is the same one product (and sum) in any case, so vector code changes no bit. */
-static inline void cb_tile_row_add(float *restrict y, const float *restrict d, float a)
-{
-    for (size_t i = 0; i < CB_TILE_ROWS; i++)
-        y[i] = y[i] + a * d[i];
-}
-
-static inline void cb_tile_row_set(float *restrict y, const float *restrict d, float a)
-{
-    for (size_t i = 0; i < CB_TILE_ROWS; i++)
-        y[i] = a * d[i];
-}
-
 /* y[j][r + i] = (accumulate ? y[j][r + i] : 0) + alpha[j] * dot[j][i] for the nr rows of a tile */
 static void cb_tile_write(size_t r, size_t nr, size_t n, float (*dot)[CB_TILE_ROWS], const float *alpha,
                           float *const *y, int accumulate)
 {
-    for (size_t j = 0; j < n; j++) {
-        float *yj = y[j] + r;
-        const float a = alpha[j], *d = dot[j];
-        if (nr == CB_TILE_ROWS && accumulate)
-            cb_tile_row_add(yj, d, a);
-        else if (nr == CB_TILE_ROWS)
-            cb_tile_row_set(yj, d, a);
-        else
-            for (size_t i = 0; i < nr; i++)
-                yj[i] = accumulate ? yj[i] + a * d[i] : a * d[i];
-    }
+    for (size_t j = 0; j < n; j++)
+        cb_rows_write(y[j] + r, dot[j], nr, alpha[j], accumulate);
 }
 
 /* The corrections of the nr rows r.. of a tile, added to every token's dots (dot[j][i]: token j, row r + i)
@@ -201,7 +177,7 @@ static void cb_matmul_q8_decode(const cb_tensor *t, size_t r0, size_t r1, const 
         for (size_t i = 0; i < m; i += CB_TILE_ROWS)
             cb_tile_store(cb_tile_dot(t, (r + i) / CB_TILE_ROWS, xq), dot + i);
         o = cb_outl_rows(t, o, r, m, x, dot);
-        cb_decode_write(y + r, dot, m, alpha, accumulate);
+        cb_rows_write(y + r, dot, m, alpha, accumulate);
         r += m;
     }
 }
