@@ -4,11 +4,13 @@
  *
  *   colibri_demo [--tokens 3,17,42 | --prompt TEXT | --chat TEXT] [--generate N] [--print-logits] [--temperature T]
  *                [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S] [--stop 2,5]
+ *                [--no-hugepages]
  *
  * Without arguments it runs the prompt, length and sampling chosen at export
  * (colibri.json's "prompt" - ids, or a text - "generate", "sampling"); the flags override each.
  * With the blob's tokenizer section (colibri_text.h) a text prompt is tokenized here and the
- * generated text streamed.
+ * generated text streamed. On Linux a model of 2 MiB or more decodes from a copy of its weights in
+ * transparent huge pages (demo_hugepage_copy; --no-hugepages: from the executable's own pages).
  */
 #include "colibri.h"
 #include "colibri_text.h"
@@ -61,12 +63,15 @@ int main(int argc, char **argv)
                                 COLIBRI_DEFAULT_GENERATE, &default_sample, &a);
     if (rc != DEMO_CONTINUE)
         return rc;
-    colibri_ctx *ctx;
-    colibri_status st = colibri_model_open(&ctx);
-    if (st != COLIBRI_OK)
-        return demo_fail(&api, PROG, NAME, st);
     size_t blob_len;
     const void *blob = colibri_model_blob(&blob_len);
+    const void *copy = a.no_hugepages ? NULL : demo_hugepage_copy(blob, blob_len);
+    colibri_ctx *ctx;
+    colibri_status st = copy ? colibri_model_open_at(&ctx, copy) : colibri_model_open(&ctx);
+    if (st != COLIBRI_OK)
+        return demo_fail(&api, PROG, NAME, st);
+    if (copy)
+        blob = copy;
     if (colibri_tok_from_blob(&tok, blob, blob_len) == COLIBRI_TOK_OK) { /* else ids only */
         api.tokenize = demo_encode;
         api.token_piece = demo_piece;

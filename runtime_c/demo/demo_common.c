@@ -17,12 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void demo_usage(FILE *f, const char *prog, int want_model)
 {
     fprintf(f, "usage: %s%s [--tokens 3,17,42 | --prompt TEXT] [--generate N] [--threads N] [--print-logits]\n"
                "       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
-               "       [--repeat-last-n N] [--seed S] [--stop 2,5] [--chat TEXT]\n", prog,
+               "       [--repeat-last-n N] [--seed S] [--stop 2,5] [--chat TEXT] [--no-hugepages]\n", prog,
             want_model ? " MODEL.bin" : "");
 }
 
@@ -174,6 +175,7 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
     a->generate = default_generate;
     a->threads = 1;
     a->print_logits = 0;
+    a->no_hugepages = 0;
     int rc;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value = NULL, *end;
@@ -199,6 +201,8 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
             return 0;
         } else if (strcmp(arg, "--print-logits") == 0) {
             a->print_logits = 1;
+        } else if (strcmp(arg, "--no-hugepages") == 0) {
+            a->no_hugepages = 1;
         } else if (is_tokens) {
             if (!demo_tokens(value, NULL, &a->n_tokens))
                 return demo_bad(prog, want_model, "--tokens wants comma-separated token ids", value);
@@ -254,9 +258,70 @@ void *demo_map_anon(size_t len)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* 1 when the kernel gives transparent huge pages to a madvise(MADV_HUGEPAGE) region: its setting is
+ * "[always]" or "[madvise]", not "[never]" (nor absent: no THP in this kernel). */
+static int demo_thp_on(void)
+{
+    char mode[128] = {0};
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return 0;
+    size_t n = fread(mode, 1, sizeof mode - 1, f);
+    fclose(f);
+    mode[n] = '\0';
+    return strstr(mode, "[always]") != NULL || strstr(mode, "[madvise]") != NULL;
+}
+
+const void *demo_hugepage_copy(const void *blob, size_t len)
+{
+#ifdef MADV_HUGEPAGE
+    const size_t huge = (size_t)2 << 20;
+    if (len < huge || len > SIZE_MAX - 2 * huge || !demo_thp_on())
+        return NULL;
+    size_t span = (len + huge - 1) & ~(huge - 1);
+    unsigned char *raw = mmap(NULL, span + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    /* keep the 2 MiB-aligned span; give back the slack on either side */
+    unsigned char *p = (unsigned char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    if (raw + huge > p)
+        munmap(p + span, (size_t)(raw + huge - p));
+    if (madvise(p, span, MADV_HUGEPAGE) != 0) { /* before the first touch: the faults then take 2 MiB */
+        munmap(p, span);
+        return NULL;
+    }
+    /* a chunk at a time, each chunk's whole source pages dropped from this process once copied (read and
+     * clean: a file's stay in the page cache), so that the process holds about one copy at any time */
+    const size_t chunk = (size_t)64 << 20;
+    const long pagesize = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = pagesize > 0 ? (uintptr_t)pagesize : 0, src = (uintptr_t)blob;
+    uintptr_t dropped = page ? (src + page - 1) & ~(page - 1) : 0; /* the first whole page */
+    for (size_t off = 0; off < len; off += chunk) {
+        const size_t n = len - off < chunk ? len - off : chunk;
+        memcpy(p + off, (const unsigned char *)blob + off, n);
+        const uintptr_t end = (src + off + n) & ~(page - 1);
+        if (page && end > dropped) {
+            madvise((void *)dropped, end - dropped, MADV_DONTNEED);
+            dropped = end;
+        }
+    }
+    mprotect(p, span, PROT_READ);
+    return p;
+#else
+    (void)blob;
+    (void)len;
+    return NULL;
+#endif
+}
+
 int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
                const char *name)
 {
+    const void *copy = a->no_hugepages ? NULL : demo_hugepage_copy(blob, blob_len);
+    if (copy)
+        blob = copy;
     size_t arena_bytes;
     colibri_status st = api->arena_bytes(blob, blob_len, &arena_bytes);
     if (st != COLIBRI_OK)

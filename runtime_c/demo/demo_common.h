@@ -4,7 +4,7 @@
  *
  *   [MODEL.bin] [--tokens 3,17,42 | --prompt TEXT] [--generate N] [--threads N] [--print-logits]
  *       [--temperature T] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]
- *       [--repeat-last-n N] [--seed S] [--stop 2,5]
+ *       [--repeat-last-n N] [--seed S] [--stop 2,5] [--no-hugepages]
  *
  * prints "tokens: a,b,c" (the generated ids), "tok/s: X" (decode rate),
  * "prefill tok/s: X" (the prompt's one forward) and, with --print-logits,
@@ -88,6 +88,7 @@ typedef struct demo_args {
     long generate;
     long threads;
     int print_logits;
+    int no_hugepages; /* --no-hugepages: decode from the weights where they lie (demo_hugepage_copy) */
     colibri_sample_params sample; /* stop_ids points at stop */
     int32_t stop[DEMO_MAX_STOP];
     long repeat_last_n;
@@ -114,13 +115,20 @@ int demo_parse_sampled(int argc, char **argv, const char *prog, int want_model, 
 int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t *token_buf, size_t token_cap,
              float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name);
 
-/* Maps an arena of exactly the size the blob needs (mmap, no malloc), inits a
- * context on it and runs demo_run. Returns the exit status. */
+/* Maps an arena of exactly the size the blob needs (mmap, no malloc), inits a context on it, with the
+ * weights copied by demo_hugepage_copy unless --no-hugepages, and runs demo_run. Returns the exit status. */
 int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
                const char *name);
 
 /* Maps len bytes of zeroed, page-aligned memory; NULL on failure. */
 void *demo_map_anon(size_t len);
+/* The weights in transparent huge pages (Linux), unless --no-hugepages: a 2 MiB-aligned anonymous copy of
+ * the len bytes at blob, madvise(MADV_HUGEPAGE) before its first touch, read-only once copied; the source's
+ * whole pages are then dropped from this process (madvise MADV_DONTNEED: a file's or the executable's clean
+ * pages, read again from the file if touched). Decode streams every weight once a token: with 4 KiB pages
+ * that is a TLB miss each 4 KiB, and the hardware prefetchers stop at each page's end. Returns NULL (the
+ * caller keeps blob) for a blob under 2 MiB, with THP off ("[never]") or absent, or when a mapping fails. */
+const void *demo_hugepage_copy(const void *blob, size_t len);
 
 /* "prog: name: <colibri_strerror> (status N)" on stderr; returns 3. */
 int demo_fail(const demo_api *api, const char *prog, const char *name, colibri_status st);
