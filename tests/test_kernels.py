@@ -91,12 +91,23 @@ def test_simd_matches_scalar(target, tmp_path):
         assert int(line.split()[2]) > 1000, line
 
 
+def _sw_prefetch(isa: str) -> str:
+    """Whether the int8 tiles must prefetch in software here (arch/x86/q8.h cb_q8_sw_prefetch_isa), read from
+    /proc/cpuinfo rather than CPUID: only the x86 tile kernels prefetch, and not on an AMD family 19h core."""
+    if isa not in ("avx2", "avx512vnni"):
+        return "off"
+    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:20] if ":" in line)
+    amd_19h = info.get("vendor_id\t", "").strip() == "AuthenticAMD" and info.get("cpu family\t", "").strip() == "25"
+    return "off" if amd_19h else "on"
+
+
 @pytest.mark.parametrize("target", LINUX)
 def test_integer_kernels_match_scalar(target, tmp_path):
     for line in _run_all_vlens(target, _build(target, tmp_path, program="kernels_q8_test")):
         isa = line.split()[1].rstrip(":")
         assert line.startswith("kernels_q8_test ") and isa == expected_kernel(target, "int8"), line
         assert int(line.split()[2]) > 200, line
+        assert line.endswith(f"software prefetch {_sw_prefetch(isa)}"), line
 
 
 @pytest.mark.parametrize("target", LINUX)

@@ -608,6 +608,7 @@ static colibri_ctx *cb_build_ctx(const uint8_t *b, size_t blob_len, const cb_mod
     for (uint32_t i = 0; i < m->n_buffers; i++)
         c->buf[i] = (float *)(void *)(base[cls[i]] + ((size_t)cb_rd64(b + CB_H_BUFFER_OFFSET + 8 * i) - first[cls[i]]));
     c->xq = m->xq_off ? (int8_t *)(base[CB_XQ_CLASS] + ((size_t)m->xq_off - first[CB_XQ_CLASS])) : NULL;
+    c->q8_sw_prefetch = cb_q8_sw_prefetch();
     c->self = c;
     c->magic = CB_CTX_MAGIC;
     return c;

@@ -68,7 +68,8 @@ struct colibri_ctx {
     int8_t *xq; /* the int8 activations (m.xq_off); NULL: float activations */
     colibri_parallel_for_fn parallel_for; /* NULL: everything on the calling thread */
     void *parallel_user;
-    size_t parallel_tasks;
+    uint32_t parallel_tasks; /* colibri_set_parallel's n_tasks, at most UINT32_MAX (more rows than a task each) */
+    uint8_t q8_sw_prefetch;  /* cb_q8_sw_prefetch() at init: each cb_tensor's sw_prefetch */
 };
 _Static_assert(sizeof(struct colibri_ctx) <= CB_CTX_BYTES, "the context must fit the bytes the plan leaves it");
 

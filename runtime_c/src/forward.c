@@ -40,6 +40,7 @@ static cb_tensor cb_tensor_at(const colibri_ctx *c, size_t i)
     t.n_groups = t.scale_dtype ? (uint32_t)cb_ceil_div(t.cols, t.group_size) : 0;
     t.q8 = (uint8_t)cb_is_q8(&c->m, t.dtype, t.cols, t.group_size);
     t.tiled = (uint8_t)(t.q8 && !cb_is_int4(t.dtype) && c->m.layout == CB_LAYOUT_TILED16); /* int4: rows */
+    t.sw_prefetch = c->q8_sw_prefetch;
     return t;
 }
 
@@ -1083,7 +1084,7 @@ colibri_status colibri_set_parallel(colibri_ctx *ctx, colibri_parallel_for_fn pa
 #endif
     ctx->parallel_for = n_tasks > 1 ? parallel_for : NULL;
     ctx->parallel_user = user;
-    ctx->parallel_tasks = n_tasks;
+    ctx->parallel_tasks = n_tasks < UINT32_MAX ? (uint32_t)n_tasks : UINT32_MAX;
     return COLIBRI_OK;
 }
 

@@ -30,6 +30,10 @@
 #include "arch/x86/q16.h"
 #include "arch/arm/q16.h"
 
+#if defined(CB_HAS_Q8_TILES) && !defined(CB_TILE_DOT_PF)
+#define CB_TILE_DOT_PF(t, tile, xq, pf) cb_tile_dot(t, tile, xq) /* an ISA without software prefetch */
+#endif
+
 #if defined(CB_Q4_ROWS)
 _Static_assert(CB_DECODE_ROWS % CB_Q4_ROWS == 0, "whole int4 row groups in a decode buffer");
 #endif
@@ -166,21 +170,38 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
 
 /* One token (decode): the sums of up to CB_DECODE_ROWS rows (whole tiles: a last partial tile's rows past r1
  * land in the buffer's room and are not written), then their corrections in one walk (kernels_outl.h
- * cb_outl_rows), then their stores. The same operations in the same order as cb_tile_finish. */
-static void cb_matmul_q8_decode(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq, const float *x,
-                                float *y, float alpha, int accumulate)
+ * cb_outl_rows), then their stores. The same operations in the same order as cb_tile_finish. pf: the tiles'
+ * software prefetch (cb_tensor.sw_prefetch), a constant in each caller. */
+static inline __attribute__((always_inline)) void cb_q8_decode_rows(const cb_tensor *t, size_t r0, size_t r1,
+                                                                     const cb_xq *xq, const float *x, float *y,
+                                                                     float alpha, int accumulate, const int pf)
 {
+    (void)pf;
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
     for (size_t r = r0; r < r1;) {
         float dot[CB_DECODE_ROWS];
         const size_t m = r1 - r < CB_DECODE_ROWS ? r1 - r : CB_DECODE_ROWS;
         for (size_t i = 0; i < m; i += CB_TILE_ROWS)
-            cb_tile_store(cb_tile_dot(t, (r + i) / CB_TILE_ROWS, xq), dot + i);
+            cb_tile_store(CB_TILE_DOT_PF(t, (r + i) / CB_TILE_ROWS, xq, pf), dot + i);
         o = cb_outl_rows(t, o, r, m, x, dot);
         cb_rows_write(y + r, dot, m, alpha, accumulate);
         r += m;
     }
 }
+
+#if defined(CB_Q8_SW_PREFETCH)
+/* Decode on a CPU whose tiles prefetch in software (cb_tensor.sw_prefetch), in a function of its own; the
+ * decode without stays inlined in cb_matmul_q8_isa. */
+static __attribute__((noinline)) void cb_q8_decode_sw(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq,
+                                                      const float *x, float *y, float alpha, int accumulate)
+{
+    cb_q8_decode_rows(t, r0, r1, xq, x, y, alpha, accumulate, 1);
+}
+#define CB_Q8_DECODE_SW(t) ((t)->sw_prefetch)
+#else
+#define cb_q8_decode_sw(t, r0, r1, xq, x, y, alpha, accumulate) ((void)0)
+#define CB_Q8_DECODE_SW(t) 0
+#endif
 
 static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                              const float *const *x, float *const *y, const float *alpha, int accumulate)
@@ -190,7 +211,10 @@ static void cb_matmul_q8_isa(const cb_tensor *t, size_t r0, size_t r1, size_t n,
         return;
     }
     if (n == 1) {
-        cb_matmul_q8_decode(t, r0, r1, xq, x[0], y[0], alpha[0], accumulate);
+        if (CB_Q8_DECODE_SW(t))
+            cb_q8_decode_sw(t, r0, r1, xq, x[0], y[0], alpha[0], accumulate);
+        else
+            cb_q8_decode_rows(t, r0, r1, xq, x[0], y[0], alpha[0], accumulate, 0);
         return;
     }
     cb_outl o = cb_outl_seek(t, (uint64_t)r0 * t->cols);
@@ -294,6 +318,15 @@ CB_MATMUL_Q16(cb_matmul_q16, cb_q16_isums_isa)
 const char *cb_kernels_q16_isa(void)
 {
     return CB_ISA_Q16_NAME;
+}
+
+uint8_t cb_q8_sw_prefetch(void)
+{
+#if defined(CB_Q8_SW_PREFETCH)
+    return cb_q8_sw_prefetch_isa();
+#else
+    return 0;
+#endif
 }
 
 const char *cb_kernels_q8_isa(void)

@@ -58,14 +58,71 @@ static inline void cb_quantize_block_isa(const float *x, int8_t *q, float *d, in
 #endif
 
 #if defined(CB_HAS_Q8_TILES)
+#include <cpuid.h>
+
 #ifndef CB_Q8_PREFETCH
-/* bytes ahead of the weights being read. Against none: +15-25% decode (1-8 KiB alike on a Xeon). Against
- * 4 KiB on an EPYC Zen 5: 288M decode +3-17%, 30M +6% (paired rounds; 32-64 KiB were no better). With decode's
- * corrections after each 512 rows (kernels_outl.h), on an EPYC Zen 4, 288M int8c decode, 11 paired rounds:
- * 8 KiB against 16 KiB 1.12x on x86_64-v3 [1.04-1.47] and 1.07x with AVX-512 [0.93-1.64], 4 KiB 1.13x and
- * 1.02x, 32 KiB 1.01x; prefill alike. */
+/* bytes ahead of the weights being read, where the tiles prefetch in software (cb_q8_sw_prefetch_isa).
+ * Against none: +15-25% decode on a Xeon (1-8 KiB alike). Against 4 KiB on an EPYC Zen 5: 288M decode +3-17%
+ * for 16 KiB, 30M +6% (paired rounds; 32-64 KiB were no better). With decode's corrections after each 512
+ * rows (kernels_outl.h), on an EPYC Zen 4, 288M int8c decode, 11 paired rounds: 8 KiB against 16 KiB 1.12x
+ * on x86_64-v3 [1.04-1.47] and 1.07x with AVX-512 [0.93-1.64], 4 KiB 1.13x and 1.02x, 32 KiB 1.01x. */
 #define CB_Q8_PREFETCH 8192
 #endif
+#define CB_Q8_SW_PREFETCH 1 /* cb_tensor.sw_prefetch chooses, per CPU */
+/* Every block of one tile for one token (cb_tile_dot_pf below), pf: prefetch in software. Decode passes the
+ * tensor's choice as a constant (kernels_q8.c); a prompt's passes of one token (after those of four, which do
+ * not prefetch either) never prefetch: with the run-time test there, the decode inlined beside them in
+ * cb_matmul_q8_isa ran 0.90x as fast (AVX-512 build, Zen 4, 11 paired rounds; the same code otherwise). */
+#define CB_TILE_DOT_PF(t, tile, xq, pf) cb_tile_dot_pf(t, tile, xq, pf)
+#define cb_tile_dot(t, tile, xq) cb_tile_dot_pf(t, tile, xq, 0)
+
+/* Whether the int8 tiles prefetch in software on the CPU running this: not on an AMD family 19h core (Zen 3,
+ * Zen 4), whose hardware prefetchers alone stream the tiles faster. On an EPYC Zen 4, 288M int8c decode,
+ * 7 paired rounds, none against 8 KiB: 1.14x with AVX-512 [1.02-1.17] and 1.18x on x86_64-v3 [1.12-1.27]
+ * at 1 thread, 1.18x and 1.15x at 2; a 256 MiB stream through the AVX2 tile loop alone reads at 97% of a
+ * plain sum's bandwidth without, 84-90% with (2 MiB or 4 KiB pages). Zen 3 is taken by its family, not
+ * measured. Elsewhere (Intel; AMD Zen 5, family 1Ah) they prefetch, as measured above. Asked once, at init:
+ * CPUID traps to the hypervisor in a VM. */
+static inline uint8_t cb_q8_sw_prefetch_isa(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return 1;
+    const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 1;
+    unsigned family = (a >> 8) & 0xfu;
+    if (family == 0xfu)
+        family += (a >> 20) & 0xffu;
+    return (uint8_t)!(amd && family == 0x19u);
+}
+
+/* A tile's weights as loads the compiler keeps in address order (volatile asm). Left to itself, one build of
+ * the AVX-512 decode loop read a block's chunks in the order 0,5,1,2,6,3,7,4, another 0,6,1,2,3,7,4,5; a
+ * 256 MiB stream through the VNNI loop alone on a Zen 4, the hardware prefetchers only, reads 0.91x as fast
+ * in the first order as in address order with 2 MiB pages, 0.92x with 4 KiB. */
+#if defined(CB_X86_VNNI)
+static inline __attribute__((always_inline)) __m512i cb_ld_w512(const int8_t *p, __m512i bias)
+{
+    __m512i v; /* p's 64 bytes XOR bias, in one instruction as the compiler would fold it */
+    __asm__ volatile("vpxord {%1, %2, %0|%0, %2, %1}" : "=v"(v) : "m"(*(const __m512i *)(const void *)p), "v"(bias));
+    return v;
+}
+#else
+static inline __attribute__((always_inline)) __m256i cb_ld_w256(const int8_t *p)
+{
+    __m256i v;
+    __asm__ volatile("vmovdqu {%1, %0|%0, %1}" : "=x"(v) : "m"(*(const __m256i *)(const void *)p));
+    return v;
+}
+#endif
+
+/* the prefetch of a chunk at p, where pf (the tensor's sw_prefetch) says so */
+#define CB_Q8_PF(p)                                                                                     \
+    do {                                                                                                \
+        if (pf)                                                                                         \
+            _mm_prefetch((const char *)(p) + CB_Q8_PREFETCH, _MM_HINT_T0);                              \
+    } while (0)
 
 /* A tile's sixteen f16 (or f32) scales of group g, as two halves of 8 f32 lanes (rows 0-7, 8-15). */
 static void cb_tile_scales(const cb_tensor *t, size_t tile, size_t g, __m256 *lo, __m256 *hi)
@@ -93,13 +150,13 @@ static inline int32_t cb_ld4(const int8_t *p)
 /* One 4-column chunk k of a block into the accumulator a: VPDPBUSD multiplies unsigned by signed bytes,
  * so the weights go in as w + 128 (XOR 0x80) and 128 * s[b] comes off again after the block. */
 #define CB_VNNI_CHUNK(a, k)                                                                             \
-    _mm_prefetch((const char *)(w + 64 * (k) + CB_Q8_PREFETCH), _MM_HINT_T0);                           \
-    a = _mm512_dpbusd_epi32(a, _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + 64 * (k))), bias), \
-                            _mm512_set1_epi32(cb_ld4(q + 4 * (k))))
+    CB_Q8_PF(w + 64 * (k));                                                                             \
+    a = _mm512_dpbusd_epi32(a, cb_ld_w512(w + 64 * (k), bias), _mm512_set1_epi32(cb_ld4(q + 4 * (k))))
 
 /* The block sums of one tile (16 int32 lanes, one per row): four independent VPDPBUSD chains, written
  * out (its latency, not its rate, binds; a loop kept them in memory). */
-static inline __attribute__((always_inline)) __m512i cb_tile_isum(const int8_t *w, const int8_t *q, int32_t s)
+static inline __attribute__((always_inline)) __m512i cb_tile_isum(const int8_t *w, const int8_t *q, int32_t s,
+                                                                   const int pf)
 {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
@@ -118,7 +175,8 @@ static inline __attribute__((always_inline)) __m512i cb_tile_isum(const int8_t *
 /* acc[16] (one lane per row of the tile) over every block, as the scalar kernel orders it */
 typedef __m512 cb_tile_acc;
 
-static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor *t, size_t tile, const cb_xq *xq)
+static inline __attribute__((always_inline)) __m512 cb_tile_dot_pf(const cb_tensor *t, size_t tile, const cb_xq *xq,
+                                                                    const int pf)
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
@@ -130,7 +188,7 @@ static inline __attribute__((always_inline)) __m512 cb_tile_dot(const cb_tensor 
             sc = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
             left = per_group;
         }
-        __m512 f = _mm512_cvtepi32_ps(cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, xq->s[b]));
+        __m512 f = _mm512_cvtepi32_ps(cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, xq->s[b], pf));
         f = _mm512_mul_ps(f, _mm512_set1_ps(xq->d[b]));
         acc = _mm512_add_ps(acc, _mm512_mul_ps(f, sc));
     }
@@ -198,10 +256,10 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
  * products (at most 128 * 127 each) can saturate its int16 sum, whatever byte a weight holds. */
 #define CB_AVX2_CHUNK(k)                                                                               \
     do {                                                                                               \
-        _mm_prefetch((const char *)(w + 64 * (k) + CB_Q8_PREFETCH), _MM_HINT_T0);                     \
+        CB_Q8_PF(w + 64 * (k));                                                                       \
         __m256i x_ = _mm256_set1_epi32(cb_ld4(q + 4 * (k)));                                          \
-        __m256i w0_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));               \
-        __m256i w1_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k) + 32));          \
+        __m256i w0_ = cb_ld_w256(w + 64 * (k));                                                       \
+        __m256i w1_ = cb_ld_w256(w + 64 * (k) + 32);                                                  \
         __m256i p0_ = _mm256_maddubs_epi16(_mm256_abs_epi8(w0_), _mm256_sign_epi8(x_, w0_));            \
         __m256i p1_ = _mm256_maddubs_epi16(_mm256_abs_epi8(w1_), _mm256_sign_epi8(x_, w1_));            \
         a = _mm256_add_epi32(a, _mm256_madd_epi16(p0_, ones));                                        \
@@ -210,7 +268,7 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
 
 /* Sixteen rows' block sums, eight lanes at a time, written out (a loop was not unrolled at -O2). */
 static inline __attribute__((always_inline)) void cb_tile_isum(const int8_t *w, const int8_t *q, __m256i *lo,
-                                                                 __m256i *hi)
+                                                                 __m256i *hi, const int pf)
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
@@ -230,8 +288,8 @@ typedef struct cb_tile_acc {
     __m256 lo, hi;
 } cb_tile_acc;
 
-static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_tensor *t, size_t tile,
-                                                                     const cb_xq *xq)
+static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot_pf(const cb_tensor *t, size_t tile,
+                                                                        const cb_xq *xq, const int pf)
 {
     const size_t blocks = t->cols / CB_ACT_BLOCK, per_group = t->group_size / CB_ACT_BLOCK;
     const int8_t *w = (const int8_t *)t->data + tile * CB_TILE_ROWS * t->cols;
@@ -242,7 +300,7 @@ static inline __attribute__((always_inline)) cb_tile_acc cb_tile_dot(const cb_te
             left = per_group;
         }
         __m256i i0, i1;
-        cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, &i0, &i1);
+        cb_tile_isum(w, xq->q + b * CB_ACT_BLOCK, &i0, &i1, pf);
         __m256 d = _mm256_set1_ps(xq->d[b]);
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i0), d), s0));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i1), d), s1));
