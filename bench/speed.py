@@ -23,11 +23,12 @@ one-token prompt ("tok/s"). llama-bench: `-m GGUF -t N -p 512 -n 128 -r 1 -o jso
 a warm-up run, mmap, its default flash-attention setting), avg_ts of each test.
 
 Each round runs, for every shape and thread count, every colibri target and llama-bench, then a streaming read
-of a 1 GiB buffer with 1 and with N threads (a small C program compiled -O3 -march=native); the order within
+of a 1 GiB buffer with 1 and with N threads (a small C program compiled -O3 -march=native), in 4 KiB pages and in
+transparent huge pages (the demos decode from a copy of the weights in those); the order within
 a round alternates between rounds. Printed: per figure the median over rounds and the spread (min-max), the
 ratio to llama-bench (the median and spread of the per-round ratios: each colibri run against the llama-bench
 run of the same round, shape and thread count, so drift in the machine's state between rounds cancels), and
-decode's fraction of the streaming read measured in the same run
+decode's fraction of the streaming read measured in the same run, the faster of the two page sizes
 (weights read per decoded token, its expected value over top_k of n_experts routing, times tok/s, over
 GB/s). The CPU model and the load average before and after go with the figures: on a 2-core machine a figure
 taken while anything else runs is not a figure.
@@ -54,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PEER_SCRIPT = ROOT.parent / "shared" / "peer" / "build_llamacpp.sh"
 PREFILL, DECODE = 512, 128  # llama-bench's pp512 and tg128
+PAGES = {"4k": "4 KiB pages", "2m": "2 MiB pages"}  # the streaming read's buffer; the roofline is the faster
 GOAL = {"decode": 1.3, "prefill": 1.1, "roofline": 0.85}
 GRANITE = dict(layers=24, hidden=1024, ffn=512, heads=16, kv_heads=8, experts=32, top_k=8, vocab=49155, seed=1,
                dtype="bf16")
@@ -63,7 +65,9 @@ PEER_QUANT = {"int8c": "Q8_0", "int8": "Q8_0", "int4c": "Q4_0", "int4": "Q4_0"} 
 SCALE_BYTES = {0: 0, 1: 4, 2: 2}
 
 STREAM_C = r"""
+#define _GNU_SOURCE /* MADV_HUGEPAGE */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +83,9 @@ static void *run(void *p) {
 }
 int main(int argc, char **argv) {
     size_t bytes = strtoull(argv[1], 0, 10) / 256 * 256, n = bytes / 8;
-    int threads = argc > 2 ? atoi(argv[2]) : 1;
-    uint64_t *a = aligned_alloc(64, bytes), sum = 0;
+    int threads = argc > 2 ? atoi(argv[2]) : 1, huge = argc > 3 && strcmp(argv[3], "huge") == 0;
+    uint64_t *a = aligned_alloc(2u << 20, bytes), sum = 0;
+    if (huge) madvise(a, bytes, MADV_HUGEPAGE); /* before the first touch, as the demos' weights */
     memset(a, 1, bytes);
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
@@ -148,8 +153,11 @@ def stream_exe(work: Path) -> Path:
     return exe
 
 
-def stream_gbs(exe: Path, threads: int) -> float:
-    out = subprocess.run([str(exe), str(1 << 30), str(threads)], capture_output=True, text=True, check=True)
+def stream_gbs(exe: Path, threads: int, pages: str) -> float:
+    """GB/s of the streaming read with threads threads over a buffer in 4 KiB pages ("4k") or in transparent
+    huge pages ("2m": the demos decode from such a copy of the weights, runtime_c/demo/demo_common.h)."""
+    argv = [str(exe), str(1 << 30), str(threads)] + (["huge"] if pages == "2m" else [])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return float(out.stdout.split()[0])
 
 
@@ -285,14 +293,15 @@ def main() -> int:
                          else colibri_sample(sh["outs"][name] / "colibri_demo", sh["vocab"], n))
                     samples.setdefault((s, n, name), []).append(x)
         for n in threads:
-            samples.setdefault(("stream", n), []).append(stream_gbs(exe, n))
+            for pages in PAGES:
+                samples.setdefault(("stream", n, pages), []).append(stream_gbs(exe, n, pages))
         print(f"round {r + 1}/{a.rounds} done, load average {loadavg()}", flush=True)
     print(f"load average after: {loadavg()}\n")
 
-    bw = {n: statistics.median(samples[("stream", n)]) for n in threads}
+    bw = {n: max(statistics.median(samples[("stream", n, p)]) for p in PAGES) for n in threads}
     for n in threads:
-        xs = samples[("stream", n)]
-        print(f"streaming read, {n} thread(s), 1 GiB: {med(xs)} GB/s")
+        for p in PAGES:
+            print(f"streaming read, {n} thread(s), 1 GiB in {PAGES[p]}: {med(samples[('stream', n, p)])} GB/s")
     print(f"\n{'shape':<10} {'T':>2} {'runner':<10} {'decode tok/s [min-max]':>26} {'x llama [min-max]':>18} "
           f"{'roofline':>8} {'prefill tok/s [min-max]':>28} {'x llama [min-max]':>18}  tokens equal 1T")
     for s, sh in shapes.items():
@@ -311,7 +320,7 @@ def main() -> int:
                       f"{roof} {med(pre):>28} {paired(pre, ll_pre, 2):>18}  {same}")
     print(f"\ngoal: decode >= {GOAL['decode']}x and prefill >= {GOAL['prefill']}x llama-bench; 288m decode >= "
           f"{GOAL['roofline']:.0%} of the streaming read at the same thread count ('roofline' = weights read per "
-          f"token x tok/s / GB/s)")
+          f"token x tok/s / GB/s, the faster of the two page sizes)")
     if a.callgrind and "30m" in shapes:
         for t in targets:
             ir = callgrind_per_token(shapes["30m"]["outs"][t] / "colibri_demo")
