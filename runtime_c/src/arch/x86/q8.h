@@ -97,22 +97,16 @@ static inline uint8_t cb_q8_sw_prefetch_isa(void)
     return (uint8_t)!(amd && family == 0x19u);
 }
 
-/* A tile's weights as loads the compiler keeps in address order (volatile asm). Left to itself, one build of
- * the AVX-512 decode loop read a block's chunks in the order 0,5,1,2,6,3,7,4, another 0,6,1,2,3,7,4,5; a
+/* A tile's weights as loads the compiler keeps in address order (volatile asm), in the AVX-512 loop. Left to
+ * itself, one build of it read a block's chunks in the order 0,5,1,2,6,3,7,4, another 0,6,1,2,3,7,4,5; a
  * 256 MiB stream through the VNNI loop alone on a Zen 4, the hardware prefetchers only, reads 0.91x as fast
- * in the first order as in address order with 2 MiB pages, 0.92x with 4 KiB. */
+ * in the first order as in address order with 2 MiB pages, 0.92x with 4 KiB. (The AVX2 loop folds each load
+ * into its VPABSB and VPSIGNB; an explicit load there costs an instruction a 32-byte half, 5% of decode's.) */
 #if defined(CB_X86_VNNI)
 static inline __attribute__((always_inline)) __m512i cb_ld_w512(const int8_t *p, __m512i bias)
 {
     __m512i v; /* p's 64 bytes XOR bias, in one instruction as the compiler would fold it */
     __asm__ volatile("vpxord {%1, %2, %0|%0, %2, %1}" : "=v"(v) : "m"(*(const __m512i *)(const void *)p), "v"(bias));
-    return v;
-}
-#else
-static inline __attribute__((always_inline)) __m256i cb_ld_w256(const int8_t *p)
-{
-    __m256i v;
-    __asm__ volatile("vmovdqu {%1, %0|%0, %1}" : "=x"(v) : "m"(*(const __m256i *)(const void *)p));
     return v;
 }
 #endif
@@ -258,8 +252,8 @@ static void cb_tile_dot4(const cb_tensor *t, size_t tile, const cb_xq *x, float 
     do {                                                                                               \
         CB_Q8_PF(w + 64 * (k));                                                                       \
         __m256i x_ = _mm256_set1_epi32(cb_ld4(q + 4 * (k)));                                          \
-        __m256i w0_ = cb_ld_w256(w + 64 * (k));                                                       \
-        __m256i w1_ = cb_ld_w256(w + 64 * (k) + 32);                                                  \
+        __m256i w0_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k)));               \
+        __m256i w1_ = _mm256_loadu_si256((const __m256i *)(const void *)(w + 64 * (k) + 32));          \
         __m256i p0_ = _mm256_maddubs_epi16(_mm256_abs_epi8(w0_), _mm256_sign_epi8(x_, w0_));            \
         __m256i p1_ = _mm256_maddubs_epi16(_mm256_abs_epi8(w1_), _mm256_sign_epi8(x_, w1_));            \
         a = _mm256_add_epi32(a, _mm256_madd_epi16(p0_, ones));                                        \
