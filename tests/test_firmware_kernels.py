@@ -46,7 +46,7 @@ FLAGS = [*WARN_CFLAGS, *FLOAT_CFLAGS, OPT_CFLAGS["firmware"], "-g", "-ffunction-
 # the paths each microcontroller's flags must select: its file's kernels.int8 (kernels_q8.c's #include
 # chain) and kernels.float (kernels.c's), targets/SCHEMA.md
 FW_TARGETS = firmware_targets()
-LINE = re.compile(r"kernels_q8_test (\S+): (\d+) cases, (\d+) outputs")
+LINE = re.compile(r"kernels_q8_test (\S+): (\d+) cases, (\d+) outputs, software prefetch off")  # no tiles: none
 LINE_Q4 = re.compile(r"kernels_q4_test (\S+): (\d+) cases, (\d+) outputs")
 LINE_F = re.compile(r"kernels_test (\S+): (\d+) cases, (\d+) outputs, max rel err (\d+)e-9")
 MIN_CASES_F = 6000  # the bare-metal case list: 6034 (all five weight kinds, 7 row and 22 column counts, 9 groups)
