@@ -77,3 +77,17 @@ def test_the_weights_are_copied_into_huge_pages(big, program, tmp_path):
     addr, length = advised[0]
     assert addr % HUGE == 0 and length % HUGE == 0 and blob <= length < blob + HUGE
     assert _madvise_hugepage(argv + ["--no-hugepages"], tmp_path) == []
+
+
+def test_a_file_that_is_no_model_is_not_copied(big, tmp_path):
+    """colibri_run checks the blob before it copies it: 3 MiB of zeros are refused (exit 3, colibri's bad-magic
+    error) without a 3 MiB copy."""
+    if not shutil.which("strace"):
+        pytest.fail("strace is not installed (toolchain/host-packages.txt)")
+    junk = tmp_path / "zeros.bin"
+    junk.write_bytes(bytes(3 << 20))
+    log = tmp_path / "strace.log"
+    res = subprocess.run(["strace", "-f", "-e", "trace=madvise", "-o", str(log), str(big / "colibri_run"),
+                          str(junk), *ARGS], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3 and "magic" in res.stderr.lower() and "tokens:" not in res.stdout, res.stderr
+    assert "MADV_HUGEPAGE" not in log.read_text()

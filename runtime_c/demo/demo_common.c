@@ -319,13 +319,13 @@ const void *demo_hugepage_copy(const void *blob, size_t len)
 int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
                const char *name)
 {
-    const void *copy = a->no_hugepages ? NULL : demo_hugepage_copy(blob, blob_len);
-    if (copy)
-        blob = copy;
-    size_t arena_bytes;
+    size_t arena_bytes; /* (validates the whole blob: a file that is no model is refused before any copy) */
     colibri_status st = api->arena_bytes(blob, blob_len, &arena_bytes);
     if (st != COLIBRI_OK)
         return demo_fail(api, prog, name, st);
+    const void *copy = a->no_hugepages ? NULL : demo_hugepage_copy(blob, blob_len);
+    if (copy)
+        blob = copy; /* init validates the copy again */
     void *arena = demo_map_anon(arena_bytes);
     if (!arena)
         return demo_io_error(prog, name, "cannot map the arena");

@@ -116,7 +116,8 @@ int demo_run(const demo_api *api, colibri_ctx *ctx, const demo_args *a, int32_t 
              float *logits, float *prompt_logits, size_t vocab, const char *prog, const char *name);
 
 /* Maps an arena of exactly the size the blob needs (mmap, no malloc), inits a context on it, with the
- * weights copied by demo_hugepage_copy unless --no-hugepages, and runs demo_run. Returns the exit status. */
+ * weights copied by demo_hugepage_copy unless --no-hugepages (after the blob passed colibri's check, so a
+ * large file that is no model is refused without a copy), and runs demo_run. Returns the exit status. */
 int demo_start(const demo_api *api, const void *blob, size_t blob_len, const demo_args *a, const char *prog,
                const char *name);
 
