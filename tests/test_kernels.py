@@ -96,8 +96,9 @@ def _sw_prefetch(isa: str) -> str:
     /proc/cpuinfo rather than CPUID: only the x86 tile kernels prefetch, and not on an AMD family 19h core."""
     if isa not in ("avx2", "avx512vnni"):
         return "off"
-    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines()[:20] if ":" in line)
-    amd_19h = info.get("vendor_id\t", "").strip() == "AuthenticAMD" and info.get("cpu family\t", "").strip() == "25"
+    first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
+    amd_19h = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
     return "off" if amd_19h else "on"
 
 

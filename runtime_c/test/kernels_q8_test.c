@@ -401,14 +401,14 @@ static int check_outl_rows(rng *r, size_t *cases)
 static int check_tall_decode(rng *r, size_t *cases)
 {
     static acts a;
-    for (int v = 0; v < 4; v++) { /* accumulate, and the tiles' software prefetch, on and off */
-        const int accumulate = v & 1;
+    for (int k = 0; k < 4; k++) { /* accumulate, and the tiles' software prefetch, on and off */
+        const int accumulate = k & 1;
         pair p;
         size_t row;
         float got, want;
         if (make(&p, TALL_ROWS, 64, 32, CB_F16, 1, r) || make_acts(&a, 1, 64, r))
             return 1;
-        p.tiled.sw_prefetch = (uint8_t)(v >> 1);
+        p.tiled.sw_prefetch = (uint8_t)(k >> 1);
         int v = tall_decode(cb_matmul_q8_scalar, &p.rows, &p.tiled, a.xq, a.x[0], accumulate, &row, &got, &want);
         if (v)
             return fail(tall_what[v], TALL_ROWS, 64, 32, row, 0, got, want);
