@@ -161,6 +161,33 @@ CB_OUTL_INLINE size_t cb_outl_row(uint64_t local, uint64_t cols, uint64_t magic)
     return (size_t)(magic ? (local * magic) >> CB_OUTL_MAGIC_SHIFT : local / cols);
 }
 
+/* cb_outl_rows' loop, its row by the magic or, where divide is set (a constant), by a division. The tensor's
+ * fields are read once into registers, and the walk's two exits (no correction left, the next past end) are
+ * tested where it steps. */
+CB_OUTL_INLINE cb_outl cb_outl_rows_by(const cb_tensor *t, cb_outl o, uint64_t first, uint64_t end, const float *x,
+                                       float *dot, uint64_t magic, const int divide)
+{
+    const uint64_t cols = t->cols;
+    const uint16_t *const gap = t->ogap, *const val = t->oval;
+    const size_t n = t->n_outliers;
+    size_t k = o.k;
+    uint64_t idx = o.idx;
+    if (k < n && idx < end)
+        for (;;) {
+            const uint64_t local = idx - first;
+            const size_t i = divide ? (size_t)(local / cols) : cb_outl_row(local, cols, magic);
+            dot[i] = dot[i] + cb_f16_to_f32(val[k]) * x[local - (uint64_t)i * cols];
+            if (++k >= n)
+                break;
+            idx += gap[k];
+            if (idx >= end)
+                break;
+        }
+    o.k = k;
+    o.idx = idx;
+    return o;
+}
+
 /* dot[i] += oval * x[col] for the corrections of the nr <= CB_DECODE_ROWS rows from row r (dot[i]: row r + i),
  * in index order, o at the first of them; returns the walk past them. Consecutive corrections are
  * independent but for a row's running sum, so the walk runs at the core's width. */
@@ -168,12 +195,7 @@ CB_OUTL_INLINE cb_outl cb_outl_rows(const cb_tensor *t, cb_outl o, size_t r, siz
 {
     const uint64_t cols = t->cols, first = (uint64_t)r * cols, end = first + (uint64_t)nr * cols;
     const uint64_t magic = cb_outl_magic(cols);
-    for (; cb_outl_before(t, o, end); o = cb_outl_step(t, o)) {
-        const uint64_t local = o.idx - first;
-        const size_t i = cb_outl_row(local, cols, magic);
-        dot[i] = dot[i] + cb_f16_to_f32(t->oval[o.k]) * x[local - (uint64_t)i * cols];
-    }
-    return o;
+    return magic ? cb_outl_rows_by(t, o, first, end, x, dot, magic, 0) : cb_outl_rows_by(t, o, first, end, x, dot, 0, 1);
 }
 
 /* y[i] = (accumulate ? y[i] : 0) + a * dot[i], i < m: cb_finish's last steps, for a run of rows. Each element

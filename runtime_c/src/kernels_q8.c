@@ -168,6 +168,12 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
     return o;
 }
 
+static __attribute__((noinline)) cb_outl cb_q8_walk(const cb_tensor *t, cb_outl o, size_t r, size_t nr, const float *x,
+                                                    float *dot)
+{
+    return cb_outl_rows(t, o, r, nr, x, dot);
+}
+
 /* One token (decode): the sums of up to CB_DECODE_ROWS rows (whole tiles: a last partial tile's rows past r1
  * land in the buffer's room and are not written), then their corrections in one walk (kernels_outl.h
  * cb_outl_rows), then their stores. The same operations in the same order as cb_tile_finish. pf: the tiles'
@@ -183,7 +189,7 @@ static inline __attribute__((always_inline)) void cb_q8_decode_rows(const cb_ten
         const size_t m = r1 - r < CB_DECODE_ROWS ? r1 - r : CB_DECODE_ROWS;
         for (size_t i = 0; i < m; i += CB_TILE_ROWS)
             cb_tile_store(CB_TILE_DOT_PF(t, (r + i) / CB_TILE_ROWS, xq, pf), dot + i);
-        o = cb_outl_rows(t, o, r, m, x, dot);
+        o = cb_q8_walk(t, o, r, m, x, dot);
         cb_rows_write(y + r, dot, m, alpha, accumulate);
         r += m;
     }
