@@ -394,6 +394,65 @@ static int check_outl_rows(rng *r, size_t *cases)
 #if !defined(CB_TEST_BARE_METAL)
 #include "test_tall.h"
 
+/* The decode walk (cb_outl_rows: one token, rows found by a shift and mask, the magic, or a division by the width)
+ * against its definition: corrections at random flat indices of a DW_ROWS-row matrix, dense stretches and sparse
+ * ones (gaps up to the format's 65535), for widths of each kind, narrow and past CB_OUTL_MAGIC_COLS; from random
+ * start rows over random row counts, every row's dot plus its corrections in index order must come out with the
+ * same bits, and the walk must end at the first correction past the rows. (Not on the MCUs: the widest x is 2 MiB.) */
+#define DW_ROWS 12u
+#define DW_MAX 16384u
+#define DW_COLS_MAX (CB_OUTL_MAGIC_COLS + 24u)
+static int check_decode_walk(rng *r, size_t *cases)
+{
+    static const uint32_t widths[] = {32, 40, 1024, 1000, CB_OUTL_MAGIC_COLS, DW_COLS_MAX};
+    static uint16_t gap[DW_MAX], val[DW_MAX];
+    static uint64_t flat[DW_MAX];
+    static float x[DW_COLS_MAX], got[DW_ROWS], want[DW_ROWS];
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++)
+        for (int round = 0; round < 8; round++) {
+            const uint64_t cols = widths[w], total = DW_ROWS * cols;
+            size_t n_out = 0;
+            for (uint64_t i = next(r) % 3, last = 0; i < total && n_out < DW_MAX; n_out++) {
+                gap[n_out] = (uint16_t)(n_out ? i - last : i);
+                val[n_out] = (uint16_t)(0x3c00u ^ (next(r) & 0x83ffu)); /* +-[1, 2) */
+                flat[n_out] = last = i;
+                /* a stretch of rows dense (steps of 1-3), then sparse (up to a full gap), by row band */
+                i += (i / cols + (uint64_t)round) % 3 ? 1 + next(r) % 3 : 1 + next(r) % 65535u;
+            }
+            cb_tensor t;
+            memset(&t, 0, sizeof t);
+            t.rows = DW_ROWS;
+            t.cols = (uint32_t)cols;
+            t.n_outliers = (uint32_t)n_out;
+            t.ogap = gap;
+            t.oval = val;
+            for (size_t c = 0; c < cols; c++)
+                x[c] = uniform(r);
+            for (size_t start = 0; start < DW_ROWS; start += 1 + next(r) % 4) {
+                size_t nr = 1 + next(r) % DW_ROWS, end_k = 0;
+                if (start + nr > DW_ROWS)
+                    nr = DW_ROWS - start;
+                for (size_t i = 0; i < nr; i++)
+                    got[i] = want[i] = uniform(r);
+                for (size_t k = 0; k < n_out; k++) { /* the definition: every correction, in order */
+                    const uint64_t row = flat[k] / cols;
+                    if (row < start + nr)
+                        end_k = k + 1;
+                    if (row >= start && row < start + nr)
+                        want[row - start] += cb_f16_to_f32(val[k]) * x[flat[k] % cols];
+                }
+                cb_outl o = cb_outl_rows(&t, cb_outl_seek(&t, (uint64_t)start * cols), start, nr, x, got);
+                if (o.k != end_k || (end_k < n_out && o.idx != flat[end_k]))
+                    return fail("decode walk end", start, (size_t)cols, nr, o.k, 0, (double)o.k, (double)end_k);
+                for (size_t i = 0; i < nr; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                        return fail("decode walk", start, (size_t)cols, nr, start + i, 0, got[i], want[i]);
+                ++*cases;
+            }
+        }
+    return 0;
+}
+
 /* One token (decode) over a matrix taller than a decode buffer (kernels_q8.c: CB_DECODE_ROWS rows of sums, then
  * their corrections, then their stores): the ISA path over all rows and split on a tile boundary that is not
  * a buffer's equals the scalar kernel bit for bit, and writes no row past the range. (Not on the MCUs: their
@@ -429,7 +488,7 @@ int main(void)
     if (check_quantizer(&r) || check_outl_walk(&r, &cases) || check_outl_rows(&r, &cases))
         return 1;
 #if !defined(CB_TEST_BARE_METAL)
-    if (check_tall_decode(&r, &cases))
+    if (check_decode_walk(&r, &cases) || check_tall_decode(&r, &cases))
         return 1;
 #endif
     for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++)
