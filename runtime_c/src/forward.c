@@ -382,11 +382,11 @@ static void cb_softmax_sink(float *scores, size_t n, const float *sinks, size_t 
     cb_softmax(scores, n + (sinks != NULL));
 }
 
-/* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att: the
- * positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding window:
- * keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
+/* Step 3: causal attention of position pos (query q) over the cached keys/values it sees, into att, for the
+ * heads h0..h1-1: the positions lo..pos, lo = 0 or, in a layer of window W, pos + 1 - W (transformers' sliding
+ * window: keys at positions > pos - W). In a ring they are rows lo % rows.. then, past the ring's end, rows 0.. */
 static void cb_attention(const colibri_ctx *c, const cb_kv_layer *kvl, size_t pos, const float *sinks,
-                         const float *q_all, float *att_all, float *scores)
+                         const float *q_all, float *att_all, float *scores, size_t h0, size_t h1)
 {
     const size_t hd = CB_HEAD_DIM(c), n_heads = CB_N_HEADS(c), kvdim = CB_N_KV_HEADS(c) * hd;
     const size_t group = n_heads / CB_N_KV_HEADS(c); /* query heads sharing one kv head */
@@ -396,7 +396,7 @@ static void cb_attention(const colibri_ctx *c, const cb_kv_layer *kvl, size_t po
     const uint8_t *keys = kvl->keys, *values = kvl->values;
     const size_t row = (size_t)cb_kv_row_bytes(&c->m), scale_at = (kvdim + 3) / 4 * 4; /* int8: the scales */
     const float scale = 1.0f / cb_sqrtf((float)hd);
-    for (size_t h = 0; h < n_heads; h++) {
+    for (size_t h = h0; h < h1; h++) {
         const float *q = q_all + h * hd;
         float *att = att_all + h * hd;
         size_t kv = (h / group) * hd;
@@ -900,9 +900,10 @@ static void cb_ffn(colibri_ctx *c, size_t base, const cb_slots *s, int dense, si
 }
 
 /* Step 3 for the n tokens of a block at positions pos.. (their keys and values already cached: token j
- * reads the rows up to pos + j). Task i of T takes tokens i, i + T, ... on scores row i; T is 1, or with a
- * parallel_for up to the blob's lanes (FORMAT.md "Arena"). Each token's attention is the same operations
- * whatever its task, so the split changes no bit. */
+ * reads the rows up to pos + j). Task i of T takes tokens i, i + T, ... on scores row i, or, for one token
+ * (decode), the heads H i / T to H (i + 1) / T; T is 1, or with a parallel_for up to the blob's lanes
+ * (FORMAT.md "Arena"). Each head of each token is the same operations whatever its task, so the split
+ * changes no bit. */
 typedef struct cb_attn_job {
     const colibri_ctx *c;
     const cb_kv_layer *kvl;
@@ -915,8 +916,15 @@ static void cb_attn_task(void *job, size_t i)
 {
     const cb_attn_job *a = (const cb_attn_job *)job;
     const size_t row = (size_t)CB_MAX_SEQ(a->c) + (CB_FLAGS(a->c) & CB_FLAG_ATTN_SINKS ? 1 : 0);
+    float *scores = a->c->buf[CB_BUF_SCORES] + i * row;
+    const size_t heads = CB_N_HEADS(a->c);
+    if (a->n == 1) {
+        cb_attention(a->c, a->kvl, a->pos, a->sinks, a->r->q[0], a->r->att[0], scores, heads * i / a->tasks,
+                     heads * (i + 1) / a->tasks);
+        return;
+    }
     for (size_t j = i; j < a->n; j += a->tasks)
-        cb_attention(a->c, a->kvl, a->pos + j, a->sinks, a->r->q[j], a->r->att[j], a->c->buf[CB_BUF_SCORES] + i * row);
+        cb_attention(a->c, a->kvl, a->pos + j, a->sinks, a->r->q[j], a->r->att[j], scores, 0, heads);
 }
 
 static void cb_attend(const colibri_ctx *c, const cb_kv_layer *kvl, size_t n, size_t pos, const float *sinks,
@@ -926,7 +934,8 @@ static void cb_attend(const colibri_ctx *c, const cb_kv_layer *kvl, size_t n, si
 #ifndef COLIBRI_NO_PARALLEL
     const size_t lanes = cb_attn_lanes(c->blob, &c->m);
     size_t tasks = c->parallel_tasks < lanes ? c->parallel_tasks : lanes;
-    tasks = tasks < n ? tasks : n;
+    const size_t units = n == 1 ? CB_N_HEADS(c) : n; /* one token: its heads */
+    tasks = tasks < units ? tasks : units;
     const uint64_t macs = (uint64_t)n * (pos + n) * CB_N_HEADS(c) * CB_HEAD_DIM(c); /* scores and weighted rows */
     if (c->parallel_for && tasks > 1 && macs >= CB_PARALLEL_MIN_MACS) {
         job.tasks = tasks;
