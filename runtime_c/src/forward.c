@@ -899,6 +899,57 @@ static void cb_ffn(colibri_ctx *c, size_t base, const cb_slots *s, int dense, si
         x[i] += moe[i];
 }
 
+/* Steps each token of a block takes alone on rows of its own, split over the parallel hook by tokens as
+ * cb_tok_job: the embedding lookup (tokens), or (tokens NULL) steps 1 and 2 after q, k and v, biases, q/k
+ * norms and rotary, then the store of k and v into the cache. The same operations whatever the split. */
+typedef struct cb_each_job {
+    const colibri_ctx *c;
+    const int32_t *tokens;
+    const cb_slots *s;
+    const cb_kv_layer *kvl;
+    const cb_block_rows *r;
+    size_t base, n, pos, tasks;
+} cb_each_job;
+
+static void cb_each_task(void *job, size_t i)
+{
+    const cb_each_job *e = (const cb_each_job *)job;
+    const colibri_ctx *c = e->c;
+    const size_t j0 = e->n * i / e->tasks, j1 = e->n * (i + 1) / e->tasks;
+    if (e->tokens) {
+        const cb_tensor embed = cb_tensor_at(c, CB_T_EMBED);
+        for (size_t j = j0; j < j1; j++)
+            cb_dequant_row(&embed, (size_t)e->tokens[j], e->r->x[j]);
+        return;
+    }
+    for (size_t j = j0; j < j1; j++) {
+        cb_qk(c, e->base, e->s, e->r->q[j], e->r->k[j], e->r->v[j], e->pos + j);
+        if (CB_KV(c)) {
+            cb_kv_store(c, cb_kv_rows(c, e->kvl, 0, e->pos + j), e->r->k[j]);
+            cb_kv_store(c, cb_kv_rows(c, e->kvl, 1, e->pos + j), e->r->v[j]);
+        }
+    }
+}
+
+/* The job for its n tokens, elems the floats each writes (split only above CB_PARALLEL_MIN_ELEMS in all). The
+ * job lives in this frame (see cb_tok_run). */
+static void cb_each(const colibri_ctx *c, const int32_t *tokens, const cb_slots *s, const cb_kv_layer *kvl,
+                    const cb_block_rows *r, size_t base, size_t n, size_t pos, size_t elems)
+{
+    cb_each_job job = {c, tokens, s, kvl, r, base, n, pos, 1};
+#ifndef COLIBRI_NO_PARALLEL
+    job.tasks = c->parallel_tasks < n ? c->parallel_tasks : n;
+    if (c->parallel_for && job.tasks > 1 && n * elems >= CB_PARALLEL_MIN_ELEMS) {
+        c->parallel_for(cb_each_task, &job, job.tasks, c->parallel_user);
+        return;
+    }
+    job.tasks = 1;
+#else
+    (void)elems;
+#endif
+    cb_each_task(&job, 0);
+}
+
 /* Step 3 for the n tokens of a block at positions pos.. (their keys and values already cached: token j
  * reads the rows up to pos + j). Task i of T takes tokens i, i + T, ... on scores row i, or, for one token
  * (decode), the heads H i / T to H (i + 1) / T; T is 1, or with a parallel_for up to the blob's lanes
@@ -982,13 +1033,7 @@ static void cb_layer(colibri_ctx *c, size_t l, size_t base, const cb_kv_layer *k
                                {cb_tensor_at(c, base + s.wk), xb, xbq, r->k, cb_ones, 0},
                                {cb_tensor_at(c, base + s.wv), xb, xbq, r->v, cb_ones, 0}};
     cb_mm3(c, n, qkv, 3);
-    for (size_t j = 0; j < n; j++) {
-        cb_qk(c, base, &s, r->q[j], r->k[j], r->v[j], pos + j); /* 1, 2: biases, q/k norms, rotary */
-        if (CB_KV(c)) {
-            cb_kv_store(c, cb_kv_rows(c, kvl, 0, pos + j), r->k[j]);
-            cb_kv_store(c, cb_kv_rows(c, kvl, 1, pos + j), r->v[j]);
-        }
-    }
+    cb_each(c, NULL, &s, kvl, r, base, n, pos, (CB_N_HEADS(c) + 2 * CB_N_KV_HEADS(c)) * CB_HEAD_DIM(c)); /* 1, 2 */
     cb_attend(c, kvl, n, pos, sinks, r); /* 3 */
     const float *const *att = (const float *const *)r->att; /* 4: x += Wo att (+ the o bias) */
     cb_mm(c, base + s.wo, n, att, cb_quantize(c, att, n, CB_N_HEADS(c) * CB_HEAD_DIM(c), xq), r->x, cb_ones, 1);
@@ -1017,9 +1062,7 @@ static void cb_block(colibri_ctx *c, const int32_t *tokens, size_t n, size_t pos
     cb_rows(c->buf[CB_BUF_Q], qdim, n, r.q);
     cb_rows(c->buf[CB_BUF_ATT], qdim, n, r.att);
     cb_rows(c->buf[CB_BUF_MOE], dim, n, r.moe);
-    cb_tensor embed = cb_tensor_at(c, CB_T_EMBED);
-    for (size_t j = 0; j < n; j++)
-        cb_dequant_row(&embed, (size_t)tokens[j], r.x[j]);
+    cb_each(c, tokens, NULL, NULL, &r, 0, n, pos, dim);
     size_t base = CB_FIRST_LAYER, first = 0; /* the layer's first table entry and first cache row */
     for (size_t l = 0; l < CB_N_LAYERS(c); base += cb_layer_tensors(c, l), l++) {
         const cb_kv_layer kvl = cb_kv_layer_at(c, l, first);
