@@ -13,6 +13,10 @@
 #include "cbmath.h"
 #include "kernels.h"
 
+#if defined(CB_X86_BMI2) || defined(CB_F16_X86)
+#include <immintrin.h>
+#endif
+
 #if defined(__GNUC__)
 #define CB_OUTL_INLINE static inline __attribute__((always_inline))
 #else
@@ -168,40 +172,112 @@ CB_OUTL_INLINE size_t cb_outl_row(uint64_t local, uint64_t cols, uint64_t magic)
  * outside the runtime, 1.04 against 1.42 ns a correction at 1024 columns. */
 enum { CB_ROW_MAGIC, CB_ROW_DIVIDE, CB_ROW_SHIFT };
 
+/* dot[i] += v * x[c] for the correction at offset local in the rows, how (a constant) finding its row i and column
+ * c; shift: log2(cols) for CB_ROW_SHIFT. */
+CB_OUTL_INLINE void cb_outl_at(float *dot, const float *x, uint64_t local, uint64_t cols, uint64_t magic,
+                               unsigned shift, const int how, float v)
+{
+    size_t i;
+    uint64_t c;
+    if (how == CB_ROW_SHIFT) {
+        i = (size_t)(local >> shift);
+#if defined(CB_X86_BMI2)
+        c = _bzhi_u64(local, shift); /* the low bits without a copy of local to mask */
+#else
+        c = local & (cols - 1);
+#endif
+    } else {
+        i = how == CB_ROW_DIVIDE ? (size_t)(local / cols) : cb_outl_row(local, cols, magic);
+        c = local - (uint64_t)i * cols;
+    }
+    dot[i] = dot[i] + v * x[c];
+}
+
+/* CB_OUTL_RUN corrections' values as f32, and value j of them (cb_outl_rows_by): by one vector conversion where
+ * the ISA has one, value j moved to lane 0 by one shuffle; else one by one. The same bits either way (every f16
+ * is exactly an f32). */
+#define CB_OUTL_RUN 16
+#if defined(CB_X86_AVX512) && defined(CB_F16_X86)
+typedef __m512i cb_outl_vals;
+CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
+{
+    return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)v)));
+}
+#define CB_OUTL_VAL(vs, j) _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_castsi512_ps(_mm512_alignr_epi32(vs, vs, j))))
+#elif defined(CB_F16_X86)
+typedef struct {
+    __m128 q0, q1, q2, q3; /* (not an array: GCC kept one on the stack) */
+} cb_outl_vals;
+#define CB_OUTL_Q(v, i) _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)((v) + 4 * (i))))
+CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
+{
+    cb_outl_vals r = {CB_OUTL_Q(v, 0), CB_OUTL_Q(v, 1), CB_OUTL_Q(v, 2), CB_OUTL_Q(v, 3)};
+    return r;
+}
+#define CB_OUTL_QJ(vs, j) ((j) < 4 ? (vs).q0 : (j) < 8 ? (vs).q1 : (j) < 12 ? (vs).q2 : (vs).q3)
+#define CB_OUTL_VAL(vs, j) _mm_cvtss_f32((j) % 4 ? _mm_permute_ps(CB_OUTL_QJ(vs, j), (j) % 4) : CB_OUTL_QJ(vs, j))
+#else
+typedef struct {
+    float f[CB_OUTL_RUN];
+} cb_outl_vals;
+CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
+{
+    cb_outl_vals r;
+    for (int i = 0; i < CB_OUTL_RUN; i++)
+        r.f[i] = cb_f16_to_f32(v[i]);
+    return r;
+}
+#define CB_OUTL_VAL(vs, j) ((vs).f[j])
+#endif
+
+/* Step j of a run in cb_outl_rows_by: correction k + j, then the walk on to the next, leaving the loop with k past
+ * the run's corrections applied when that lies at or past the rows' end. */
+#define CB_OUTL_STEP(j)                                                                        \
+    cb_outl_at(dot, x, local, cols, magic, shift, how, CB_OUTL_VAL(v, j));                     \
+    local += g[(j) + 1];                                                                       \
+    if (local >= span) {                                                                       \
+        k += (j) + 1;                                                                          \
+        break;                                                                                 \
+    }
+
 /* cb_outl_rows' loop, how (a constant) finding rows; shift: log2(cols) for CB_ROW_SHIFT. The tensor's fields are
- * read once into registers, and the walk's two exits (no correction left, the next past end) are tested where
- * it steps. */
+ * read once into registers and the walk kept as its offset in the rows. While more than CB_OUTL_RUN corrections
+ * remain it runs unrolled over CB_OUTL_RUN at a time: their values converted together, and no count to test at
+ * each (11 instructions a correction by the shift on x86 with AVX-512 against 17 one at a time; the walk alone,
+ * timed outside the runtime on a Zen 4 at 1024 columns, 0.77 against 1.09 ns a correction). */
 CB_OUTL_INLINE cb_outl cb_outl_rows_by(const cb_tensor *t, cb_outl o, uint64_t first, uint64_t end, const float *x,
                                        float *dot, uint64_t magic, unsigned shift, const int how)
 {
-    const uint64_t cols = t->cols;
+    const uint64_t cols = t->cols, span = end - first;
     const uint16_t *const gap = t->ogap, *const val = t->oval;
     const size_t n = t->n_outliers;
     size_t k = o.k;
-    uint64_t idx = o.idx;
-    if (k < n && idx < end)
-        for (;;) {
-            const uint64_t local = idx - first;
-            size_t i;
-            uint64_t c;
-            if (how == CB_ROW_SHIFT) {
-                i = (size_t)(local >> shift);
-                c = local & (cols - 1);
-            } else {
-                i = how == CB_ROW_DIVIDE ? (size_t)(local / cols) : cb_outl_row(local, cols, magic);
-                c = local - (uint64_t)i * cols;
-            }
-            dot[i] = dot[i] + cb_f16_to_f32(val[k]) * x[c];
+    if (!(k < n && o.idx < end))
+        return o;
+    uint64_t local = o.idx - first;
+    for (;;) {
+        if (n - k > CB_OUTL_RUN) { /* corrections k to k + CB_OUTL_RUN all there */
+            const uint16_t *const g = gap + k;
+            const cb_outl_vals v = cb_outl_vals_at(val + k);
+            CB_OUTL_STEP(0) CB_OUTL_STEP(1) CB_OUTL_STEP(2) CB_OUTL_STEP(3)
+            CB_OUTL_STEP(4) CB_OUTL_STEP(5) CB_OUTL_STEP(6) CB_OUTL_STEP(7)
+            CB_OUTL_STEP(8) CB_OUTL_STEP(9) CB_OUTL_STEP(10) CB_OUTL_STEP(11)
+            CB_OUTL_STEP(12) CB_OUTL_STEP(13) CB_OUTL_STEP(14) CB_OUTL_STEP(15)
+            k += CB_OUTL_RUN;
+        } else {
+            cb_outl_at(dot, x, local, cols, magic, shift, how, cb_f16_to_f32(val[k]));
             if (++k >= n)
                 break;
-            idx += gap[k];
-            if (idx >= end)
+            local += gap[k];
+            if (local >= span)
                 break;
         }
+    }
     o.k = k;
-    o.idx = idx;
+    o.idx = first + local;
     return o;
 }
+#undef CB_OUTL_STEP
 
 /* dot[i] += oval * x[col] for the corrections of the nr <= CB_DECODE_ROWS rows from row r (dot[i]: row r + i),
  * in index order, o at the first of them; returns the walk past them. Consecutive corrections are

@@ -165,6 +165,9 @@
 /* The f16 -> f32 conversion of cbmath.h, kernels or not (every f16 is exactly an f32, so the hardware
  * gives the portable code's bits): F16C, or an Arm FPU with half-precision conversions and the IEEE
  * __fp16 (AArch64, the Cortex-M55 by default, the Cortex-M7 with -mfp16-format=ieee). */
+#if defined(__BMI2__) && defined(__x86_64__)
+#define CB_X86_BMI2 1 /* BZHI (x86-64-v3): kernels_outl.h's column by a mask */
+#endif
 #if defined(__F16C__)
 #define CB_F16_X86 1
 #elif (defined(__aarch64__) || (defined(__ARM_FP) && (__ARM_FP & 2))) && defined(__ARM_FP16_FORMAT_IEEE)
