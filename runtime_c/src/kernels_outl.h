@@ -193,18 +193,12 @@ CB_OUTL_INLINE void cb_outl_at(float *dot, const float *x, uint64_t local, uint6
     dot[i] = dot[i] + v * x[c];
 }
 
-/* CB_OUTL_RUN corrections' values as f32, and value j of them (cb_outl_rows_by): by one vector conversion where
- * the ISA has one, value j moved to lane 0 by one shuffle; else one by one. The same bits either way (every f16
- * is exactly an f32). */
+/* CB_OUTL_RUN corrections' values as f32, and value j of them (cb_outl_rows_by): four at a time by F16C, value j
+ * moved to lane 0 by one shuffle (as fast as sixteen in one AVX-512 register and VALIGND); else each where it is
+ * used (an array of sixteen floats made GCC store and reload them: 2.4x as slow on x86). The same bits either
+ * way (every f16 is exactly an f32). */
 #define CB_OUTL_RUN 16
-#if defined(CB_X86_AVX512) && defined(CB_F16_X86)
-typedef __m512i cb_outl_vals;
-CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
-{
-    return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)v)));
-}
-#define CB_OUTL_VAL(vs, j) _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_castsi512_ps(_mm512_alignr_epi32(vs, vs, j))))
-#elif defined(CB_F16_X86)
+#if defined(CB_F16_X86)
 typedef struct {
     __m128 q0, q1, q2, q3; /* (not an array: GCC kept one on the stack) */
 } cb_outl_vals;
@@ -217,17 +211,9 @@ CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
 #define CB_OUTL_QJ(vs, j) ((j) < 4 ? (vs).q0 : (j) < 8 ? (vs).q1 : (j) < 12 ? (vs).q2 : (vs).q3)
 #define CB_OUTL_VAL(vs, j) _mm_cvtss_f32((j) % 4 ? _mm_permute_ps(CB_OUTL_QJ(vs, j), (j) % 4) : CB_OUTL_QJ(vs, j))
 #else
-typedef struct {
-    float f[CB_OUTL_RUN];
-} cb_outl_vals;
-CB_OUTL_INLINE cb_outl_vals cb_outl_vals_at(const uint16_t *v)
-{
-    cb_outl_vals r;
-    for (int i = 0; i < CB_OUTL_RUN; i++)
-        r.f[i] = cb_f16_to_f32(v[i]);
-    return r;
-}
-#define CB_OUTL_VAL(vs, j) ((vs).f[j])
+typedef const uint16_t *cb_outl_vals; /* converted where used, as one at a time */
+#define cb_outl_vals_at(v) (v)
+#define CB_OUTL_VAL(vs, j) cb_f16_to_f32((vs)[j])
 #endif
 
 /* Step j of a run in cb_outl_rows_by: correction k + j, then the walk on to the next, leaving the loop with k past
