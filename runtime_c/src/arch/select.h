@@ -75,8 +75,9 @@
 #define CB_HAS_Q16_DOT 1 /* PMADDWD */
 #define CB_ISA_Q16_NAME "avx2"
 #endif
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define CB_X86_VNNI 1 /* VPDPBUSD */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)              \
+    && defined(__AVX512VL__)
+#define CB_X86_VNNI 1 /* VPDPBUSD, on ZMM and (decode without prefetch) YMM */
 #define CB_ISA_Q8_NAME "avx512vnni"
 #define CB_HAS_Q8_TILES 1
 #define CB_HAS_Q8_QUAD 1
