@@ -36,9 +36,9 @@
 
 #if defined(CB_HAS_Q8_TILES)
 /* The int8 decode's corrections walk (kernels_outl.h cb_outl_rows), in a function of its own: inlined in a decode
- * loop, GCC kept its pointers in vector registers and on the stack, 25 instructions a correction against 21 here
- * (288M int8c decode 1.06x on a Zen 4, before the walk's shift). The int4 decode keeps it inlined: 288M int4c
- * decode ran 0.95x (host) and 0.98x (x86_64-v3) as fast with this one. */
+ * loop, GCC kept its pointers in vector registers and on the stack (288M int8c decode 1.06x on a Zen 4 as its own
+ * function, measured before the walk's shift and its unrolling; kernels_outl.h gives the walk's cost now). The int4
+ * decode keeps it inlined: 288M int4c decode ran 0.95x (host) and 0.98x (x86_64-v3) as fast with this one. */
 static __attribute__((noinline)) cb_outl cb_decode_walk(const cb_tensor *t, cb_outl o, size_t r, size_t nr,
                                                         const float *x, float *dot)
 {
