@@ -92,14 +92,18 @@ def test_simd_matches_scalar(target, tmp_path):
 
 
 def _sw_prefetch(isa: str) -> str:
-    """Whether the int8 tiles must prefetch in software here (arch/x86/q8.h cb_q8_sw_prefetch_isa), read from
-    /proc/cpuinfo rather than CPUID: only the x86 tile kernels prefetch, and not on an AMD family 19h core."""
+    """How far ahead the int8 tiles must prefetch in software here (arch/x86/q8.h cb_q8_sw_prefetch_isa), read
+    from /proc/cpuinfo rather than CPUID: only the x86 tile kernels prefetch; on an AMD family 19h core not at all
+    on a Zen 4 (models 10h-1Fh, 60h-7Fh, A0h-AFh) and 1 KiB ahead on the others (Zen 3); elsewhere 8 KiB."""
     if isa not in ("avx2", "avx512vnni"):
         return "off"
     first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
-    amd_19h = info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
-    return "off" if amd_19h else "on"
+    if info.get("vendor_id") != "AuthenticAMD" or info.get("cpu family") != "25":
+        return "8 KiB"
+    model = int(info["model"])
+    zen4 = 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF
+    return "off" if zen4 else "1 KiB"
 
 
 @pytest.mark.parametrize("target", LINUX)

@@ -57,7 +57,7 @@ typedef struct cb_tensor {
     uint8_t dtype, scale_dtype;
     uint8_t q8;    /* multiplied with int8 activations: cb_matmul_q8 (format 1.2, FORMAT.md "Integer matmuls") */
     uint8_t tiled; /* q8 and stored in 16-row tiles (layout 2); else row-major */
-    uint8_t sw_prefetch; /* the tiles prefetch their weights in software (cb_q8_sw_prefetch); no bit changes */
+    uint8_t sw_prefetch; /* KiB ahead the tiles prefetch in software, 0: none (cb_q8_sw_prefetch); no bit changes */
 } cb_tensor;
 
 /* The attention kernels, in the header so the attention loops inline them (head_dim is short: a call
@@ -159,8 +159,9 @@ void cb_matmul_q8(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_x
 void cb_matmul_q8_scalar(const cb_tensor *t, size_t r0, size_t r1, size_t n, const cb_xq *xq,
                          const float *const *x, float *const *y, const float *alpha, int accumulate);
 
-/* 1 when the int8 tile kernels should prefetch the weights in software on the CPU running this (x86: not on
- * an AMD family 19h core, arch/x86/q8.h), else 0; asked once, at init, for cb_tensor.sw_prefetch. */
+/* How far ahead, in KiB, the int8 tile kernels should prefetch the weights in software on the CPU running this
+ * (x86, arch/x86/q8.h: 8 KiB, on an AMD Zen 3 1 KiB, on a Zen 4 not), else 0; asked once, at init, for
+ * cb_tensor.sw_prefetch. */
 uint8_t cb_q8_sw_prefetch(void);
 
 /* The path cb_matmul_q8 takes: arch/select.h's CB_ISA_Q8_NAME ("scalar", "avx2", "neon-dotprod", ...). */

@@ -183,7 +183,7 @@ static cb_outl cb_tile_finish(const cb_tensor *t, cb_outl o, size_t r, size_t nr
 /* One token (decode): the sums of up to CB_DECODE_ROWS rows (whole tiles: a last partial tile's rows past r1
  * land in the buffer's room and are not written), then their corrections in one walk (kernels_outl.h
  * cb_outl_rows), then their stores. The same operations in the same order as cb_tile_finish. pf: the tiles'
- * software prefetch (cb_tensor.sw_prefetch), a constant in each caller. */
+ * software prefetch's distance in bytes (0: none), a constant in each caller. */
 static inline __attribute__((always_inline)) void cb_q8_decode_rows(const cb_tensor *t, size_t r0, size_t r1,
                                                                      const cb_xq *xq, const float *x, float *y,
                                                                      float alpha, int accumulate, const int pf)
@@ -202,12 +202,25 @@ static inline __attribute__((always_inline)) void cb_q8_decode_rows(const cb_ten
 }
 
 #if defined(CB_Q8_SW_PREFETCH)
-/* Decode on a CPU whose tiles prefetch in software (cb_tensor.sw_prefetch), in a function of its own; the
- * decode without stays inlined in cb_matmul_q8_isa. */
-static __attribute__((noinline)) void cb_q8_decode_sw(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq,
-                                                      const float *x, float *y, float alpha, int accumulate)
+/* Decode on a CPU whose tiles prefetch in software (cb_tensor.sw_prefetch: its distance in KiB), in functions of
+ * their own, one per distance (a constant in each); the decode without stays inlined in cb_matmul_q8_isa. */
+static __attribute__((noinline)) void cb_q8_decode_far(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq,
+                                                       const float *x, float *y, float alpha, int accumulate)
 {
-    cb_q8_decode_rows(t, r0, r1, xq, x, y, alpha, accumulate, 1);
+    cb_q8_decode_rows(t, r0, r1, xq, x, y, alpha, accumulate, CB_Q8_PREFETCH);
+}
+static __attribute__((noinline)) void cb_q8_decode_near(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq,
+                                                        const float *x, float *y, float alpha, int accumulate)
+{
+    cb_q8_decode_rows(t, r0, r1, xq, x, y, alpha, accumulate, CB_Q8_PREFETCH_NEAR);
+}
+static void cb_q8_decode_sw(const cb_tensor *t, size_t r0, size_t r1, const cb_xq *xq, const float *x, float *y,
+                            float alpha, int accumulate)
+{
+    if (t->sw_prefetch == CB_Q8_PREFETCH_NEAR / 1024)
+        cb_q8_decode_near(t, r0, r1, xq, x, y, alpha, accumulate);
+    else
+        cb_q8_decode_far(t, r0, r1, xq, x, y, alpha, accumulate);
 }
 #define CB_Q8_DECODE_SW(t) ((t)->sw_prefetch)
 #else

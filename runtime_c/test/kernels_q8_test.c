@@ -13,14 +13,15 @@
  *     (exact integer block sums, the corrections times x);
  *   - cb_quantize_q8 keeps |q| <= 127, s = sum q, and |x - q d| <= d / 2 (+ rounding) per value;
  *   - on Linux targets, one token over a matrix taller than a decode buffer (test_tall.h), whole and split,
- *     with the tiles' software prefetch (cb_tensor.sw_prefetch) on and off (in the cases above, either);
+ *     with the tiles' software prefetch (cb_tensor.sw_prefetch) off, 1 KiB and 8 KiB ahead (in the cases
+ *     above, any of the three);
  *   - the int8c correction walk (kernels_outl.h: cb_outl_seek, cb_outl_apply, cb_finish), which every
  *     path shares, against a definition that decodes the flat indices itself: the same bits per
  *     (row, token) for 1..16 rows and 1..3 tokens from any start row, including runs of corrections
  *     longer than the seek's 16-at-a-time steps, and the walk left at the first correction past the rows;
  (sentinels) and the padded rows of a tile are not read
  *     into the outputs (they hold garbage here, which zero scales would hide).
- * Prints "kernels_q8_test <isa>: <cases> cases, <outputs> outputs, software prefetch <on|off>" (the choice
+ * Prints "kernels_q8_test <isa>: <cases> cases, <outputs> outputs, software prefetch <N KiB|off>" (the choice
  * init makes on this CPU, cb_q8_sw_prefetch) and exits 1 on the first failure.
  *
  * Built with -DCB_TEST_BARE_METAL (tests/test_firmware_kernels.py) it is a firmware image's main,
@@ -457,17 +458,20 @@ static int check_decode_walk(rng *r, size_t *cases)
  * their corrections, then their stores): the ISA path over all rows and split on a tile boundary that is not
  * a buffer's equals the scalar kernel bit for bit, and writes no row past the range. (Not on the MCUs: their
  * paths have no decode buffer, and the matrix is larger than their pool.) */
+/* cb_tensor.sw_prefetch's values: none, and the x86 decode's two distances (arch/x86/q8.h) in KiB */
+static const uint8_t SW_PREFETCH[3] = {0, 1, 8};
+
 static int check_tall_decode(rng *r, size_t *cases)
 {
     static acts a;
-    for (int k = 0; k < 4; k++) { /* accumulate, and the tiles' software prefetch, on and off */
+    for (int k = 0; k < 6; k++) { /* accumulate, and the tiles' software prefetch: none, 1 KiB, 8 KiB ahead */
         const int accumulate = k & 1;
         pair p;
         size_t row;
         float got, want;
         if (make(&p, TALL_ROWS, 64, 32, CB_F16, 1, r) || make_acts(&a, 1, 64, r))
             return 1;
-        p.tiled.sw_prefetch = (uint8_t)(k >> 1);
+        p.tiled.sw_prefetch = SW_PREFETCH[k >> 1];
         int v = tall_decode(cb_matmul_q8_scalar, &p.rows, &p.tiled, a.xq, a.x[0], accumulate, &row, &got, &want);
         if (v)
             return fail(tall_what[v], TALL_ROWS, 64, 32, row, 0, got, want);
@@ -501,7 +505,7 @@ int main(void)
                 pair p;
                 if (make(&p, rows, cols, group, scale_dt, outl, &r) || make_acts(&a, n, cols, &r))
                     return 1;
-                p.tiled.sw_prefetch = (uint8_t)(next(&r) % 2); /* either way the same bits */
+                p.tiled.sw_prefetch = SW_PREFETCH[next(&r) % 3]; /* any way the same bits */
                 float alpha[MAX_TOKENS];
                 static float yv[6][MAX_TOKENS][80]; /* static: 7.5 KiB is more than a firmware stack */
                 const float *x[MAX_TOKENS];
@@ -556,7 +560,11 @@ int main(void)
     put_str(" cases, ");
     put_size(outputs);
     put_str(" outputs, software prefetch ");
-    put_str(cb_q8_sw_prefetch() ? "on" : "off");
+    if (cb_q8_sw_prefetch()) {
+        put_size(cb_q8_sw_prefetch());
+        put_str(" KiB");
+    } else
+        put_str("off");
     put_str("\n");
     return 0;
 }

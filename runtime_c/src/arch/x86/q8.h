@@ -68,21 +68,30 @@ static inline void cb_quantize_block_isa(const float *x, int8_t *q, float *d, in
  * on x86_64-v3 [1.04-1.47] and 1.07x with AVX-512 [0.93-1.64], 4 KiB 1.13x and 1.02x, 32 KiB 1.01x. */
 #define CB_Q8_PREFETCH 8192
 #endif
+#ifndef CB_Q8_PREFETCH_NEAR
+/* the distance on an AMD Zen 3 (cb_q8_sw_prefetch_isa): on an EPYC Zen 3 (family 19h model 01h, AVX2), 288M
+ * int8c decode, x86_64-v3, 1 thread, 15 paired rounds: 1 KiB against none 1.092x [1.010-1.233]; against 1 KiB
+ * (11 rounds) 512 B 0.956x, 1.5 KiB 0.905x, 2 KiB 0.93x, 8 KiB (against none, 9 rounds) 0.953x. At 2 threads
+ * 1 KiB against none 1.027x [0.892-1.114] (11 rounds). */
+#define CB_Q8_PREFETCH_NEAR 1024
+#endif
 #define CB_Q8_SW_PREFETCH 1 /* cb_tensor.sw_prefetch chooses, per CPU */
-/* Every block of one tile for one token (cb_tile_dot_pf below), pf: prefetch in software. Decode passes the
+/* Every block of one tile for one token (cb_tile_dot_pf below), pf: the software prefetch's distance in bytes,
+ * 0 for none. Decode passes the
  * tensor's choice as a constant (kernels_q8.c); a prompt's passes of one token (after those of four, which do
  * not prefetch either) never prefetch: with the run-time test there, the decode inlined beside them in
  * cb_matmul_q8_isa ran 0.90x as fast (AVX-512 build, Zen 4, 11 paired rounds; the same code otherwise). */
 #define CB_TILE_DOT_PF(t, tile, xq, pf) cb_tile_dot_pf(t, tile, xq, pf)
 #define cb_tile_dot(t, tile, xq) cb_tile_dot_pf(t, tile, xq, 0)
 
-/* Whether the int8 tiles prefetch in software on the CPU running this: not on an AMD family 19h core (Zen 3,
- * Zen 4), whose hardware prefetchers alone stream the tiles faster. On an EPYC Zen 4, 288M int8c decode,
- * 7 paired rounds, none against 8 KiB: 1.14x with AVX-512 [1.02-1.17] and 1.18x on x86_64-v3 [1.12-1.27]
- * at 1 thread, 1.18x and 1.15x at 2; a 256 MiB stream through the AVX2 tile loop alone reads at 97% of a
- * plain sum's bandwidth without, 84-90% with (2 MiB or 4 KiB pages). Zen 3 is taken by its family, not
- * measured. Elsewhere (Intel; AMD Zen 5, family 1Ah) they prefetch, as measured above. Asked once, at init:
- * CPUID traps to the hypervisor in a VM. */
+/* How far ahead, in KiB, the int8 tiles prefetch in software on the CPU running this (0: not at all). Not on an
+ * AMD Zen 4 (family 19h, models 10h-1Fh, 60h-7Fh, A0h-AFh), whose hardware prefetchers alone stream the tiles
+ * faster: on an EPYC Zen 4, 288M int8c decode, 7 paired rounds, none against 8 KiB: 1.14x with AVX-512
+ * [1.02-1.17] and 1.18x on x86_64-v3 [1.12-1.27] at 1 thread, 1.18x and 1.15x at 2; a 256 MiB stream through
+ * the AVX2 tile loop alone reads at 97% of a plain sum's bandwidth without, 84-90% with (2 MiB or 4 KiB pages).
+ * CB_Q8_PREFETCH_NEAR on the other family 19h models (Zen 3, as measured there); CB_Q8_PREFETCH elsewhere
+ * (Intel; AMD Zen 5, family 1Ah), as measured above. Asked once, at init: CPUID traps to the hypervisor in a
+ * VM. */
 static inline uint8_t cb_q8_sw_prefetch_isa(void)
 {
     unsigned a, b, c, d;
@@ -91,10 +100,18 @@ static inline uint8_t cb_q8_sw_prefetch_isa(void)
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return 1;
-    unsigned family = (a >> 8) & 0xfu;
-    if (family == 0xfu)
+    unsigned family = (a >> 8) & 0xfu, model = (a >> 4) & 0xfu;
+    if (family == 0xfu) {
         family += (a >> 20) & 0xffu;
-    return (uint8_t)!(amd && family == 0x19u);
+        model |= ((a >> 16) & 0xfu) << 4;
+    }
+    _Static_assert(CB_Q8_PREFETCH % 1024 == 0 && CB_Q8_PREFETCH / 1024 <= UINT8_MAX, "whole KiB in a byte");
+    _Static_assert(CB_Q8_PREFETCH_NEAR % 1024 == 0 && CB_Q8_PREFETCH_NEAR != CB_Q8_PREFETCH, "whole KiB, apart");
+    if (!amd || family != 0x19u)
+        return CB_Q8_PREFETCH / 1024;
+    const int zen4 = (model >= 0x10u && model <= 0x1fu) || (model >= 0x60u && model <= 0x7fu) ||
+                     (model >= 0xa0u && model <= 0xafu);
+    return zen4 ? 0 : CB_Q8_PREFETCH_NEAR / 1024;
 }
 
 /* A tile's weights as loads the compiler keeps in address order (volatile asm), in the 64-byte loop. Left to
@@ -111,11 +128,11 @@ static inline __attribute__((always_inline)) __m512i cb_ld_w512(const int8_t *p,
 }
 #endif
 
-/* the prefetch of a chunk at p, where pf (the tensor's sw_prefetch) says so */
+/* the prefetch of a chunk at p, pf bytes ahead (a constant; 0: none) */
 #define CB_Q8_PF(p)                                                                                     \
     do {                                                                                                \
         if (pf)                                                                                         \
-            _mm_prefetch((const char *)(p) + CB_Q8_PREFETCH, _MM_HINT_T0);                              \
+            _mm_prefetch((const char *)(p) + (pf), _MM_HINT_T0);                                        \
     } while (0)
 
 /* A tile's sixteen f16 (or f32) scales of group g, as two halves of 8 f32 lanes (rows 0-7, 8-15). */
