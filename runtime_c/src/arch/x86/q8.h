@@ -77,10 +77,10 @@ static inline void cb_quantize_block_isa(const float *x, int8_t *q, float *d, in
 #endif
 #define CB_Q8_SW_PREFETCH 1 /* cb_tensor.sw_prefetch chooses, per CPU */
 /* Every block of one tile for one token (cb_tile_dot_pf below), pf: the software prefetch's distance in bytes,
- * 0 for none. Decode passes the
- * tensor's choice as a constant (kernels_q8.c); a prompt's passes of one token (after those of four, which do
- * not prefetch either) never prefetch: with the run-time test there, the decode inlined beside them in
- * cb_matmul_q8_isa ran 0.90x as fast (AVX-512 build, Zen 4, 11 paired rounds; the same code otherwise). */
+ * 0 for none. Decode passes the tensor's choice as a constant (kernels_q8.c); a prompt's passes of one token
+ * (after those of four, which do not prefetch either) never prefetch: with the run-time test there, the decode
+ * inlined beside them in cb_matmul_q8_isa ran 0.90x as fast (AVX-512 build, Zen 4, 11 paired rounds; the same
+ * code otherwise). */
 #define CB_TILE_DOT_PF(t, tile, xq, pf) cb_tile_dot_pf(t, tile, xq, pf)
 #define cb_tile_dot(t, tile, xq) cb_tile_dot_pf(t, tile, xq, 0)
 
@@ -96,10 +96,10 @@ static inline uint8_t cb_q8_sw_prefetch_isa(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d))
-        return 1;
+        return CB_Q8_PREFETCH / 1024;
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
     if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 1;
+        return CB_Q8_PREFETCH / 1024;
     unsigned family = (a >> 8) & 0xfu, model = (a >> 4) & 0xfu;
     if (family == 0xfu) {
         family += (a >> 20) & 0xffu;
