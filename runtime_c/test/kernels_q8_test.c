@@ -392,6 +392,9 @@ static int check_outl_rows(rng *r, size_t *cases)
     return 0;
 }
 
+/* cb_tensor.sw_prefetch's values: none, and the x86 decode's two distances (arch/x86/q8.h) in KiB */
+static const uint8_t SW_PREFETCH[3] = {0, 1, 8};
+
 #if !defined(CB_TEST_BARE_METAL)
 #include "test_tall.h"
 
@@ -458,9 +461,6 @@ static int check_decode_walk(rng *r, size_t *cases)
  * their corrections, then their stores): the ISA path over all rows and split on a tile boundary that is not
  * a buffer's equals the scalar kernel bit for bit, and writes no row past the range. (Not on the MCUs: their
  * paths have no decode buffer, and the matrix is larger than their pool.) */
-/* cb_tensor.sw_prefetch's values: none, and the x86 decode's two distances (arch/x86/q8.h) in KiB */
-static const uint8_t SW_PREFETCH[3] = {0, 1, 8};
-
 static int check_tall_decode(rng *r, size_t *cases)
 {
     static acts a;
